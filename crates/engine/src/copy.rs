@@ -1,0 +1,741 @@
+//! Moving one entry: the life of a file from temporary to final name.
+//!
+//! Every entry is created under a temporary name in its target directory
+//! (`O_EXCL`, so nothing planted there is opened or followed), filled,
+//! given its metadata, and renamed over the final name only when complete.
+//! A failure at any step removes the temporary ([`TempGuard`]), so a reader
+//! or a crash never sees a torn file under a real name; a kill -9 leaves at
+//! most `.sluice-*.tmp` files that a later run removes.
+
+use crate::error::{EntryError, Reason, Side};
+use crate::job::{LinkState, Reflink};
+use crate::plan;
+use crate::queue::Lane;
+use crate::tree::DirNode;
+use crate::worker::{Task, Worker, IO_BUF};
+use sluice_sys::{CopyMethod, Errno, FileType, Stat};
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
+
+/// A temporary's name, kept inline so naming a file allocates nothing.
+#[derive(Clone, Copy)]
+pub(crate) struct TempName {
+    bytes: [u8; 48],
+}
+
+impl TempName {
+    fn new(w: &mut Worker) -> TempName {
+        w.shared.temp_name(&mut w.scratch.tmp);
+        let mut bytes = [0u8; 48];
+        bytes[..w.scratch.tmp.len()].copy_from_slice(&w.scratch.tmp);
+        TempName { bytes }
+    }
+
+    fn as_cstr(&self) -> &CStr {
+        CStr::from_bytes_until_nul(&self.bytes).expect("NUL-terminated")
+    }
+}
+
+/// Removes a temporary on drop unless it was committed.
+struct TempGuard<'a> {
+    dir: BorrowedFd<'a>,
+    name: TempName,
+    armed: bool,
+}
+
+impl<'a> TempGuard<'a> {
+    fn new(dir: BorrowedFd<'a>, name: TempName) -> Self {
+        TempGuard {
+            dir,
+            name,
+            armed: true,
+        }
+    }
+
+    /// Renames the temporary over `final_name`; on success it is no longer ours.
+    fn commit(mut self, final_name: &CStr) -> Result<(), Errno> {
+        sluice_sys::rename_at(self.dir, self.name.as_cstr(), self.dir, final_name)?;
+        self.armed = false;
+        Ok(())
+    }
+}
+
+impl Drop for TempGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = sluice_sys::unlink_at(self.dir, self.name.as_cstr());
+        }
+    }
+}
+
+/// Which tree an errno from a copy between two files most likely concerns.
+fn copy_side(e: Errno) -> Side {
+    match e {
+        Errno::NOSPC | Errno::DQUOT | Errno::ROFS | Errno::FBIG => Side::Dst,
+        _ => Side::Src,
+    }
+}
+
+/// Whether `copy_file_range` said "not between these two files", as
+/// opposed to a real I/O failure.
+fn kernel_copy_refused(e: Errno) -> bool {
+    matches!(
+        e,
+        Errno::XDEV | Errno::NOSYS | Errno::OPNOTSUPP | Errno::INVAL
+    )
+}
+
+/// Whether a clone failed because the file systems cannot clone.
+fn clone_refused(e: Errno) -> bool {
+    matches!(
+        e,
+        Errno::XDEV | Errno::OPNOTSUPP | Errno::INVAL | Errno::NOTTY | Errno::NOSYS
+    )
+}
+
+/// A big file whose chunks are copied by any number of streams at once.
+pub(crate) struct BigFile {
+    node: Arc<DirNode>,
+    src_name: CString,
+    dst_name: CString,
+    tmp: TempName,
+    src: OwnedFd,
+    dst: OwnedFd,
+    /// `O_DIRECT` descriptors when `--direct` was asked and both ends take it.
+    direct: Option<(OwnedFd, OwnedFd)>,
+    st: Stat,
+    chunks: u64,
+    next: AtomicU64,
+    done: AtomicU64,
+    failed: Mutex<Option<EntryError>>,
+    committed: AtomicBool,
+}
+
+impl Drop for BigFile {
+    fn drop(&mut self) {
+        if !self.committed.load(Relaxed) {
+            let _ = sluice_sys::unlink_at(self.node.dst(), self.tmp.as_cstr());
+        }
+    }
+}
+
+type LinkKey = (u32, u32, u64);
+
+fn link_key(st: &Stat) -> Option<LinkKey> {
+    (st.nlink > 1 && st.file_type() == FileType::RegularFile)
+        .then_some((st.dev.0, st.dev.1, st.ino))
+}
+
+/// What claiming a hard-linked inode decided.
+enum Claim {
+    /// This name copies the data; later names will link to it.
+    First,
+    /// This name was linked (or queued to be linked, or failed): done.
+    Handled,
+}
+
+impl Worker {
+    /// Copies one non-directory entry; failures are reported, not returned.
+    pub(crate) fn copy_entry(
+        &mut self,
+        node: &Arc<DirNode>,
+        src_name: &CStr,
+        dst_name: &CStr,
+        st: &Stat,
+    ) {
+        let stats = &self.shared.stats;
+        let res = match st.file_type() {
+            FileType::RegularFile if self.shared.opts.dry_run => {
+                stats.files_copied.fetch_add(1, Relaxed);
+                stats.bytes_copied.fetch_add(st.size, Relaxed);
+                Ok(())
+            }
+            _ if self.shared.opts.dry_run => {
+                stats.specials.fetch_add(1, Relaxed);
+                Ok(())
+            }
+            FileType::RegularFile => {
+                let key = link_key(st);
+                if let Some(key) = key {
+                    if let Claim::Handled = self.claim_link(key, node, dst_name) {
+                        return;
+                    }
+                }
+                let res = self.copy_whole(node, src_name, dst_name, st);
+                if let Some(key) = key {
+                    self.finish_link(key, node, dst_name, res.is_ok());
+                }
+                res
+            }
+            FileType::Symlink => self.copy_symlink(node, src_name, dst_name, st),
+            _ => self.copy_special(node, dst_name, st),
+        };
+        if let Err(err) = res {
+            self.shared.fail(err);
+        }
+    }
+
+    /// Copies a regular file on this stream alone.
+    fn copy_whole(
+        &mut self,
+        node: &DirNode,
+        src_name: &CStr,
+        dst_name: &CStr,
+        st: &Stat,
+    ) -> Result<(), EntryError> {
+        let src = sluice_sys::open_read_at(node.src.as_fd(), src_name, false)
+            .map_err(|e| node.error(src_name, Side::Src, "open", Reason::Os(e)))?;
+        let tmp = TempName::new(self);
+        let dst = sluice_sys::create_excl_at(node.dst(), tmp.as_cstr(), st.perm() & 0o1777)
+            .map_err(|e| node.error(dst_name, Side::Dst, "create temporary for", Reason::Os(e)))?;
+        let guard = TempGuard::new(node.dst(), tmp);
+        if st.size > 0 {
+            let copied = self
+                .copy_data(src.as_fd(), dst.as_fd(), st)
+                .map_err(|(op, e)| node.error(dst_name, copy_side(e), op, Reason::Os(e)))?;
+            if st.is_sparse() {
+                check_unchanged(node, src_name, src.as_fd(), st)?;
+            } else if copied != st.size {
+                return Err(node.error(
+                    src_name,
+                    Side::Src,
+                    "read",
+                    Reason::Changed(format!("expected {} bytes, read {copied}", st.size)),
+                ));
+            }
+        }
+        self.finish_file(node, src.as_fd(), dst.as_fd(), dst_name, st)?;
+        guard
+            .commit(dst_name)
+            .map_err(|e| node.error(dst_name, Side::Dst, "rename into place", Reason::Os(e)))?;
+        let stats = &self.shared.stats;
+        stats.files_copied.fetch_add(1, Relaxed);
+        stats.bytes_copied.fetch_add(st.size, Relaxed);
+        Ok(())
+    }
+
+    /// Applies metadata to a complete file and, with `--fsync`, makes it
+    /// durable; the caller renames it into place afterwards.
+    fn finish_file(
+        &mut self,
+        node: &DirNode,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        dst_name: &CStr,
+        st: &Stat,
+    ) -> Result<(), EntryError> {
+        self.copy_owner_and_xattrs(node, dst_name, src, dst, st)?;
+        let err = |op, e| node.error(dst_name, Side::Dst, op, Reason::Os(e));
+        // chown cleared any set-id bits; put them back now that the owner is right.
+        if self.shared.opts.preserve_owner && st.perm() & 0o6000 != 0 {
+            sluice_sys::set_perm(dst, st.perm()).map_err(|e| err("chmod", e))?;
+        }
+        sluice_sys::set_times(dst, st).map_err(|e| err("set times", e))?;
+        if self.shared.opts.fsync {
+            sluice_sys::sync(dst).map_err(|e| err("fsync", e))?;
+        }
+        Ok(())
+    }
+
+    /// Owner (as root) then extended attributes and ACLs: in that order
+    /// because chown drops `security.capability`.
+    pub(crate) fn copy_owner_and_xattrs(
+        &mut self,
+        node: &DirNode,
+        name: &CStr,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        st: &Stat,
+    ) -> Result<(), EntryError> {
+        if self.shared.opts.preserve_owner {
+            sluice_sys::set_owner(dst, st)
+                .map_err(|e| node.error(name, Side::Dst, "chown", Reason::Os(e)))?;
+        }
+        let s = &mut self.scratch;
+        sluice_sys::copy_xattrs(src, dst, &mut s.xattr_names, &mut s.xattr_value).map_err(
+            |(e, what)| {
+                node.error(
+                    name,
+                    Side::Dst,
+                    "copy extended attributes",
+                    Reason::Other(format!("{what}: {}", Reason::Os(e))),
+                )
+            },
+        )
+    }
+
+    /// Copies a whole file's data (clone, kernel copy or read/write, holes
+    /// kept). Returns the bytes found in the source.
+    fn copy_data(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        st: &Stat,
+    ) -> Result<u64, (&'static str, Errno)> {
+        if self.try_clone(src, dst)? {
+            return Ok(st.size);
+        }
+        if st.is_sparse() {
+            sluice_sys::set_len(dst, st.size).map_err(|e| ("truncate", e))?;
+            return self.copy_extents(src, dst, 0, st.size);
+        }
+        self.copy_range(src, dst, 0, st.size)
+    }
+
+    /// Tries to clone `src` into `dst`; `Ok(false)` means copy instead.
+    fn try_clone(
+        &self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+    ) -> Result<bool, (&'static str, Errno)> {
+        let sh = &self.shared;
+        if !sh.clone_ok.load(Relaxed) {
+            return Ok(false);
+        }
+        match sluice_sys::clone_file(src, dst) {
+            Ok(()) => Ok(true),
+            Err(e) if sh.opts.reflink == Reflink::Always => Err(("clone", e)),
+            Err(e) if clone_refused(e) => {
+                sh.clone_ok.store(false, Relaxed);
+                Ok(false)
+            }
+            Err(e) => Err(("clone", e)),
+        }
+    }
+
+    /// Copies the data extents of `[off, off + len)`, skipping holes; the
+    /// destination must already have its final size.
+    fn copy_extents(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        off: u64,
+        len: u64,
+    ) -> Result<u64, (&'static str, Errno)> {
+        let end = off + len;
+        let mut pos = off;
+        let mut copied = 0;
+        while pos < end {
+            let Some(data) = sluice_sys::next_data(src, pos).map_err(|e| ("seek data", e))? else {
+                break;
+            };
+            if data >= end {
+                break;
+            }
+            let hole = sluice_sys::next_hole(src, data)
+                .map_err(|e| ("seek hole", e))?
+                .min(end);
+            copied += self.copy_range(src, dst, data, hole - data)?;
+            pos = hole;
+        }
+        let _ = copied;
+        // Holes count as copied: the caller checks a sparse source for
+        // changes with a stat, since a shrunk file just ends in a hole here.
+        Ok(len)
+    }
+
+    /// Copies `[off, off + len)` with the best method this job has left.
+    fn copy_range(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        off: u64,
+        len: u64,
+    ) -> Result<u64, (&'static str, Errno)> {
+        if self.shared.kernel_copy_ok.load(Relaxed) {
+            match sluice_sys::copy_range(src, dst, off, len, CopyMethod::Kernel, &mut []) {
+                Err(e) if kernel_copy_refused(e) => {
+                    self.shared.kernel_copy_ok.store(false, Relaxed)
+                }
+                other => return other.map_err(|e| ("copy", e)),
+            }
+        }
+        sluice_sys::copy_range(src, dst, off, len, CopyMethod::Buffered, self.scratch.buf())
+            .map_err(|e| ("copy", e))
+    }
+
+    fn copy_symlink(
+        &mut self,
+        node: &DirNode,
+        src_name: &CStr,
+        dst_name: &CStr,
+        st: &Stat,
+    ) -> Result<(), EntryError> {
+        let reuse = std::mem::take(&mut self.scratch.link);
+        let target = sluice_sys::readlink_at(node.src.as_fd(), src_name, reuse)
+            .map_err(|e| node.error(src_name, Side::Src, "readlink", Reason::Os(e)))?;
+        let tmp = TempName::new(self);
+        let made = sluice_sys::symlink_at(&target, node.dst(), tmp.as_cstr());
+        self.scratch.link = target.into_bytes();
+        made.map_err(|e| node.error(dst_name, Side::Dst, "symlink", Reason::Os(e)))?;
+        let guard = TempGuard::new(node.dst(), tmp);
+        self.finish_at(node, tmp, dst_name, st)?;
+        guard
+            .commit(dst_name)
+            .map_err(|e| node.error(dst_name, Side::Dst, "rename into place", Reason::Os(e)))?;
+        self.shared.stats.symlinks.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    fn copy_special(
+        &mut self,
+        node: &DirNode,
+        dst_name: &CStr,
+        st: &Stat,
+    ) -> Result<(), EntryError> {
+        let tmp = TempName::new(self);
+        sluice_sys::mknod_at(node.dst(), tmp.as_cstr(), st)
+            .map_err(|e| node.error(dst_name, Side::Dst, "mknod", Reason::Os(e)))?;
+        let guard = TempGuard::new(node.dst(), tmp);
+        self.finish_at(node, tmp, dst_name, st)?;
+        guard
+            .commit(dst_name)
+            .map_err(|e| node.error(dst_name, Side::Dst, "rename into place", Reason::Os(e)))?;
+        self.shared.stats.specials.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// Owner and times of an entry that cannot be opened (symlink, FIFO, device).
+    fn finish_at(
+        &self,
+        node: &DirNode,
+        tmp: TempName,
+        dst_name: &CStr,
+        st: &Stat,
+    ) -> Result<(), EntryError> {
+        let err = |op, e| node.error(dst_name, Side::Dst, op, Reason::Os(e));
+        if self.shared.opts.preserve_owner {
+            sluice_sys::set_owner_at(node.dst(), tmp.as_cstr(), st).map_err(|e| err("chown", e))?;
+        }
+        sluice_sys::set_times_at(node.dst(), tmp.as_cstr(), st).map_err(|e| err("set times", e))
+    }
+
+    /// Decides who copies a hard-linked inode's data.
+    fn claim_link(&mut self, key: LinkKey, node: &Arc<DirNode>, dst_name: &CStr) -> Claim {
+        let mut links = self.shared.links.lock().expect("links lock");
+        match links.get_mut(&key) {
+            None => {
+                links.insert(key, LinkState::Copying(Vec::new()));
+                Claim::First
+            }
+            Some(LinkState::Copying(waiting)) => {
+                waiting.push((node.clone(), dst_name.to_owned()));
+                Claim::Handled
+            }
+            Some(LinkState::Done(rel)) => {
+                let from = CString::new(rel.clone()).expect("no NUL in a path");
+                drop(links);
+                let shared = self.shared.clone();
+                let root = shared.dst_root_fd.as_ref().expect("not a dry run");
+                if let Err(err) = self.place_link(root.as_fd(), &from, node, dst_name) {
+                    self.shared.fail(err);
+                }
+                Claim::Handled
+            }
+            Some(LinkState::Failed) => {
+                drop(links);
+                self.shared.fail(node.error(
+                    dst_name,
+                    Side::Dst,
+                    "link",
+                    Reason::Other("the file it is a hard link of failed to copy".into()),
+                ));
+                Claim::Handled
+            }
+        }
+    }
+
+    /// Records the outcome of a hard-linked inode's first copy and links the
+    /// names that waited for it.
+    fn finish_link(&mut self, key: LinkKey, first: &DirNode, name: &CStr, ok: bool) {
+        let waiting = {
+            let mut links = self.shared.links.lock().expect("links lock");
+            let state = if ok {
+                LinkState::Done(first.child_rel(name))
+            } else {
+                LinkState::Failed
+            };
+            match links.insert(key, state) {
+                Some(LinkState::Copying(w)) => w,
+                _ => Vec::new(),
+            }
+        };
+        for (node, to) in waiting {
+            let res = if ok {
+                self.place_link(first.dst(), name, &node, &to)
+            } else {
+                Err(node.error(
+                    &to,
+                    Side::Dst,
+                    "link",
+                    Reason::Other("the file it is a hard link of failed to copy".into()),
+                ))
+            };
+            if let Err(err) = res {
+                self.shared.fail(err);
+            }
+        }
+    }
+
+    /// Makes `to_name` in `to` a hard link of `from` (relative to `from_dir`),
+    /// replacing whatever had that name, atomically.
+    fn place_link(
+        &mut self,
+        from_dir: BorrowedFd<'_>,
+        from: &CStr,
+        to: &DirNode,
+        to_name: &CStr,
+    ) -> Result<(), EntryError> {
+        let tmp = TempName::new(self);
+        sluice_sys::link_at(from_dir, from, to.dst(), tmp.as_cstr())
+            .map_err(|e| to.error(to_name, Side::Dst, "link", Reason::Os(e)))?;
+        TempGuard::new(to.dst(), tmp)
+            .commit(to_name)
+            .map_err(|e| to.error(to_name, Side::Dst, "rename into place", Reason::Os(e)))?;
+        self.shared.stats.hardlinks.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// Prepares a big file and queues its chunks on up to `jobs` streams.
+    pub(crate) fn start_big(
+        &mut self,
+        node: &Arc<DirNode>,
+        src_name: &CStr,
+        dst_name: &CStr,
+        st: &Stat,
+        chunks: u64,
+    ) {
+        if self.shared.opts.dry_run {
+            return self.copy_entry(node, src_name, dst_name, st);
+        }
+        let key = link_key(st);
+        if let Some(key) = key {
+            if let Claim::Handled = self.claim_link(key, node, dst_name) {
+                return;
+            }
+        }
+        match self.open_big(node, src_name, dst_name, st, chunks) {
+            Ok(big) if big.done.load(Relaxed) == big.chunks => self.finish_big(&big),
+            Ok(big) => {
+                let streams = chunks.min(self.shared.opts.jobs as u64);
+                for _ in 0..streams {
+                    self.spawn_chunk(big.clone());
+                }
+            }
+            Err(err) => {
+                if let Some(key) = key {
+                    self.finish_link(key, node, dst_name, false);
+                }
+                self.shared.fail(err);
+            }
+        }
+    }
+
+    fn spawn_chunk(&mut self, big: Arc<BigFile>) {
+        if let Err(task) = self.shared.queue.push(Lane::Data, Task::Chunk(big)) {
+            let Task::Chunk(big) = task else {
+                unreachable!()
+            };
+            self.run_chunks(big);
+        }
+    }
+
+    fn open_big(
+        &mut self,
+        node: &Arc<DirNode>,
+        src_name: &CStr,
+        dst_name: &CStr,
+        st: &Stat,
+        chunks: u64,
+    ) -> Result<Arc<BigFile>, EntryError> {
+        let src = sluice_sys::open_read_at(node.src.as_fd(), src_name, false)
+            .map_err(|e| node.error(src_name, Side::Src, "open", Reason::Os(e)))?;
+        let tmp = TempName::new(self);
+        let dst = sluice_sys::create_excl_at(node.dst(), tmp.as_cstr(), st.perm() & 0o1777)
+            .map_err(|e| node.error(dst_name, Side::Dst, "create temporary for", Reason::Os(e)))?;
+        let guard = TempGuard::new(node.dst(), tmp);
+        let err = |op, e| node.error(dst_name, Side::Dst, op, Reason::Os(e));
+        sluice_sys::set_len(dst.as_fd(), st.size).map_err(|e| err("truncate", e))?;
+        if !st.is_sparse() {
+            // Reserving the space up front finds a full disk before any
+            // chunk is written and lets the file system lay it out in one piece.
+            sluice_sys::preallocate(dst.as_fd(), st.size).map_err(|e| err("allocate", e))?;
+        }
+        let cloned = self
+            .try_clone(src.as_fd(), dst.as_fd())
+            .map_err(|(op, e)| err(op, e))?;
+        let direct = if self.shared.opts.direct && !st.is_sparse() && !cloned {
+            let s = sluice_sys::open_read_at(node.src.as_fd(), src_name, true);
+            let d = sluice_sys::reopen_direct(node.dst(), tmp.as_cstr());
+            s.ok().zip(d.ok())
+        } else {
+            None
+        };
+        std::mem::forget(guard); // BigFile's Drop owns the temporary from here
+        let big = Arc::new(BigFile {
+            node: node.clone(),
+            src_name: src_name.to_owned(),
+            dst_name: dst_name.to_owned(),
+            tmp,
+            src,
+            dst,
+            direct,
+            st: *st,
+            chunks,
+            next: AtomicU64::new(if cloned { chunks } else { 0 }),
+            done: AtomicU64::new(if cloned { chunks } else { 0 }),
+            failed: Mutex::new(None),
+            committed: AtomicBool::new(false),
+        });
+        if cloned {
+            self.shared.stats.bytes_copied.fetch_add(st.size, Relaxed);
+        }
+        Ok(big)
+    }
+
+    /// Claims and copies chunks of `big` until they are all claimed or the
+    /// queue has room to let another stream take the next one.
+    pub(crate) fn run_chunks(&mut self, mut big: Arc<BigFile>) {
+        loop {
+            let i = big.next.fetch_add(1, Relaxed);
+            if i >= big.chunks {
+                return;
+            }
+            let healthy =
+                !self.shared.stopped() && big.failed.lock().expect("chunk lock").is_none();
+            if healthy {
+                if let Err((op, e)) = self.copy_chunk(&big, i) {
+                    let err = big
+                        .node
+                        .error(&big.dst_name, copy_side(e), op, Reason::Os(e));
+                    big.failed.lock().expect("chunk lock").get_or_insert(err);
+                }
+            }
+            if big.done.fetch_add(1, Relaxed) + 1 == big.chunks {
+                return self.finish_big(&big);
+            }
+            if big.next.load(Relaxed) >= big.chunks {
+                return;
+            }
+            // Yield to small files and other chunks between chunks; keep
+            // going here only when the queue is full.
+            match self.shared.queue.push(Lane::Data, Task::Chunk(big)) {
+                Ok(()) => return,
+                Err(Task::Chunk(b)) => big = b,
+                Err(_) => unreachable!("pushed a chunk, got it back as something else"),
+            }
+        }
+    }
+
+    fn copy_chunk(&mut self, big: &BigFile, i: u64) -> Result<(), (&'static str, Errno)> {
+        let (off, len) = plan::chunk_range(big.st.size, self.shared.opts.chunk_size, i);
+        let copied = if let Some((src, dst)) = &big.direct {
+            let buf = self
+                .scratch
+                .buf
+                .get_or_insert_with(|| sluice_sys::AlignedBuf::new(IO_BUF))
+                .as_mut_slice();
+            copy_direct(src.as_fd(), dst.as_fd(), off, len, buf)?
+        } else if big.st.is_sparse() {
+            self.copy_extents(big.src.as_fd(), big.dst.as_fd(), off, len)?
+        } else {
+            self.copy_range(big.src.as_fd(), big.dst.as_fd(), off, len)?
+        };
+        self.shared.stats.bytes_copied.fetch_add(copied, Relaxed);
+        Ok(())
+    }
+
+    /// Called once, by the stream that finished the last chunk.
+    fn finish_big(&mut self, big: &BigFile) {
+        if self.shared.stopped() {
+            return;
+        }
+        let key = link_key(&big.st);
+        let res = self.commit_big(big);
+        let ok = res.is_ok();
+        if let Err(err) = res {
+            self.shared.fail(err);
+        }
+        if let Some(key) = key {
+            self.finish_link(key, &big.node, &big.dst_name, ok);
+        }
+    }
+
+    fn commit_big(&mut self, big: &BigFile) -> Result<(), EntryError> {
+        if let Some(err) = big.failed.lock().expect("chunk lock").take() {
+            return Err(err);
+        }
+        let node = &big.node;
+        check_unchanged(node, &big.src_name, big.src.as_fd(), &big.st)?;
+        if big.direct.is_some() {
+            sluice_sys::set_len(big.dst.as_fd(), big.st.size)
+                .map_err(|e| node.error(&big.dst_name, Side::Dst, "truncate", Reason::Os(e)))?;
+        }
+        self.finish_file(
+            node,
+            big.src.as_fd(),
+            big.dst.as_fd(),
+            &big.dst_name,
+            &big.st,
+        )?;
+        sluice_sys::rename_at(node.dst(), big.tmp.as_cstr(), node.dst(), &big.dst_name).map_err(
+            |e| node.error(&big.dst_name, Side::Dst, "rename into place", Reason::Os(e)),
+        )?;
+        big.committed.store(true, Relaxed);
+        self.shared.stats.files_copied.fetch_add(1, Relaxed);
+        Ok(())
+    }
+}
+
+/// Fails when the open source no longer has the size and mtime it was
+/// listed with: the copy may be torn and must not be committed.
+fn check_unchanged(
+    node: &DirNode,
+    name: &CStr,
+    src: BorrowedFd<'_>,
+    st: &Stat,
+) -> Result<(), EntryError> {
+    let now =
+        sluice_sys::stat_fd(src).map_err(|e| node.error(name, Side::Src, "stat", Reason::Os(e)))?;
+    if now.size == st.size && now.mtime == st.mtime {
+        return Ok(());
+    }
+    Err(node.error(
+        name,
+        Side::Src,
+        "read",
+        Reason::Changed(format!(
+            "size {} -> {}, mtime {:?} -> {:?}",
+            st.size, now.size, st.mtime, now.mtime
+        )),
+    ))
+}
+
+/// Copies `[off, off + len)` between `O_DIRECT` descriptors through an
+/// aligned buffer. Returns the bytes read.
+fn copy_direct(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    off: u64,
+    len: u64,
+    buf: &mut [u8],
+) -> Result<u64, (&'static str, Errno)> {
+    let mut done = 0u64;
+    while done < len {
+        let step = (len - done).min(buf.len() as u64) as usize;
+        let n =
+            sluice_sys::read_full_at(src, &mut buf[..step], off + done).map_err(|e| ("read", e))?;
+        if n == 0 {
+            break;
+        }
+        // O_DIRECT writes whole blocks; the overshoot past the end of the
+        // file is cut off when the file is finished.
+        let aligned = n.next_multiple_of(sluice_sys::DIRECT_ALIGN).min(buf.len());
+        sluice_sys::write_all_at(dst, &buf[..aligned], off + done).map_err(|e| ("write", e))?;
+        done += n as u64;
+    }
+    Ok(done)
+}

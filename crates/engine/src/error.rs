@@ -1,0 +1,144 @@
+//! The error policy of a job.
+//!
+//! * A failure that concerns one entry (unreadable file, a name the target
+//!   refuses, a source that changed while it was copied) is an
+//!   [`EntryError`]: it is reported with the path and the operation, its
+//!   temporary is removed, and the job goes on. The job then ends with
+//!   [`Outcome::Partial`](crate::Outcome) (exit 1).
+//! * A failure that makes the rest of the job pointless — the target is full
+//!   or read-only, the roots cannot be opened, the paths overlap — is a
+//!   [`JobError`]: every stream stops at its next entry, removes its
+//!   temporaries, and the job returns it (exit 2). Nothing half-written is
+//!   ever left under a final name in either case.
+
+use sluice_sys::Errno;
+use std::fmt;
+use std::path::PathBuf;
+
+/// Which tree a failed operation touched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Src,
+    Dst,
+}
+
+/// A failure on one entry; the job carries on without it.
+#[derive(Debug, Clone)]
+pub struct EntryError {
+    /// Full path of the entry, as bytes (any name Linux allows).
+    pub path: Vec<u8>,
+    /// Which tree the path is in.
+    pub side: Side,
+    /// The operation that failed: `open`, `read`, `create`, `rename`...
+    pub op: &'static str,
+    /// What went wrong.
+    pub reason: Reason,
+}
+
+/// Why an entry failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reason {
+    /// The OS refused an operation.
+    Os(Errno),
+    /// The source changed while it was being copied.
+    Changed(String),
+    /// Anything else, said in words.
+    Other(String),
+}
+
+impl EntryError {
+    /// Whether this failure means the destination cannot take more data,
+    /// so continuing would only fail every remaining entry the same way.
+    pub fn is_fatal(&self) -> bool {
+        self.side == Side::Dst
+            && matches!(
+                self.reason,
+                Reason::Os(Errno::NOSPC) | Reason::Os(Errno::ROFS) | Reason::Os(Errno::DQUOT)
+            )
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::Os(e) => {
+                let io = std::io::Error::from_raw_os_error(e.raw_os_error());
+                write!(f, "{io}")
+            }
+            Reason::Changed(s) => write!(f, "source changed during copy ({s})"),
+            Reason::Other(s) => f.write_str(s),
+        }
+    }
+}
+
+impl fmt::Display for EntryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}: {}", self.op, escape(&self.path), self.reason)
+    }
+}
+
+impl std::error::Error for EntryError {}
+
+/// A failure that stops the whole job (exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("source {}: {source}", .path.display())]
+    Source {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("destination {}: {source}", .path.display())]
+    Destination {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Usage(String),
+    #[error("stopped: {0}; {hint}", hint = hint(.0))]
+    Fatal(EntryError),
+}
+
+fn hint(e: &EntryError) -> &'static str {
+    match e.reason {
+        Reason::Os(Errno::NOSPC) | Reason::Os(Errno::DQUOT) => {
+            "free space on the destination and run the same command again"
+        }
+        Reason::Os(Errno::ROFS) => "make the destination writable and run the same command again",
+        _ => "fix the cause and run the same command again",
+    }
+}
+
+/// Renders a file name for a log line: valid UTF-8 passes through, control
+/// characters and invalid bytes are escaped (`\n`, `\x1b`, `\xff`), so a
+/// name can never forge a line of output.
+pub fn escape(name: &[u8]) -> String {
+    let mut out = String::with_capacity(name.len());
+    for chunk in name.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\n' => out.push_str("\\n"),
+                '\t' => out.push_str("\\t"),
+                '\r' => out.push_str("\\r"),
+                '\\' => out.push_str("\\\\"),
+                c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_keeps_utf8_and_escapes_the_rest() {
+        assert_eq!(escape("héllo".as_bytes()), "héllo");
+        assert_eq!(escape(b"a\nb"), "a\\nb");
+        assert_eq!(escape(b"\xff\x1b"), "\\xff\\u{1b}");
+    }
+}

@@ -1,0 +1,480 @@
+//! A copy job: its options, its shared state, its counters, and `copy()`.
+
+use crate::error::{EntryError, JobError, Side};
+use crate::queue::Queue;
+use crate::tree::DirNode;
+use crate::worker::{Task, Worker};
+use sluice_sys::Stat;
+use sluice_walk::Filter;
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Whether file data may be shared with the source by cloning extents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Reflink {
+    /// Clone where the file systems allow, copy otherwise.
+    #[default]
+    Auto,
+    /// Clone or fail the entry.
+    Always,
+    /// Always write a physical copy.
+    Never,
+}
+
+/// Everything a copy job is told; `Default` is what `sluice copy` does
+/// without options.
+pub struct CopyOptions {
+    /// Number of streams in the pool.
+    pub jobs: usize,
+    /// Files larger than twice this are copied as chunks of this size.
+    pub chunk_size: u64,
+    pub filter: Filter,
+    /// Do not descend into directories on another file system than SRC.
+    pub one_file_system: bool,
+    /// Walk and count, write nothing.
+    pub dry_run: bool,
+    /// Copy chunks of big files with `O_DIRECT`.
+    pub direct: bool,
+    pub reflink: Reflink,
+    /// fsync every file before its rename and every directory when done.
+    pub fsync: bool,
+    /// Preserve owner and group (and with them set-id bits); needs root.
+    pub preserve_owner: bool,
+    /// Create device nodes (needs root).
+    pub privileged: bool,
+}
+
+/// Default chunk size: at 64 MiB a chunk takes ~0.1 s at disk speed, small
+/// enough that 8 streams share an 8 GiB file evenly and a resumed copy
+/// redoes little, large enough that per-chunk overhead is negligible.
+pub const DEFAULT_CHUNK: u64 = 64 << 20;
+
+/// Default number of streams until autotuning exists: enough concurrent
+/// creates to hide a disk's metadata latency on a small machine.
+pub const DEFAULT_JOBS: usize = 8;
+
+impl Default for CopyOptions {
+    fn default() -> Self {
+        let root = sluice_sys::is_root();
+        CopyOptions {
+            jobs: DEFAULT_JOBS,
+            chunk_size: DEFAULT_CHUNK,
+            filter: Filter::default(),
+            one_file_system: false,
+            dry_run: false,
+            direct: false,
+            reflink: Reflink::Auto,
+            fsync: false,
+            preserve_owner: root,
+            privileged: root,
+        }
+    }
+}
+
+impl CopyOptions {
+    /// Permission bits that may be set: set-id bits only with owners kept.
+    pub(crate) fn perm_mask(&self) -> u32 {
+        if self.preserve_owner {
+            0o7777
+        } else {
+            0o1777
+        }
+    }
+}
+
+/// Live counters of a job, readable from another thread while it runs.
+#[derive(Default)]
+pub struct Stats {
+    pub files_copied: AtomicU64,
+    pub bytes_copied: AtomicU64,
+    pub dirs_created: AtomicU64,
+    pub symlinks: AtomicU64,
+    pub hardlinks: AtomicU64,
+    pub specials: AtomicU64,
+    pub skipped: AtomicU64,
+    pub errors: AtomicU64,
+    /// Entries and bytes listed so far (the walk runs ahead of the copy).
+    pub entries_found: AtomicU64,
+    pub bytes_found: AtomicU64,
+}
+
+impl Stats {
+    /// Entries finished so far, copied or not.
+    pub fn entries_done(&self) -> u64 {
+        self.files_copied.load(Relaxed)
+            + self.dirs_created.load(Relaxed)
+            + self.symlinks.load(Relaxed)
+            + self.hardlinks.load(Relaxed)
+            + self.specials.load(Relaxed)
+            + self.skipped.load(Relaxed)
+            + self.errors.load(Relaxed)
+    }
+
+    /// A consistent-enough snapshot for the final report.
+    pub fn summary(&self, elapsed: Duration) -> Summary {
+        Summary {
+            files_copied: self.files_copied.load(Relaxed),
+            bytes_copied: self.bytes_copied.load(Relaxed),
+            dirs_created: self.dirs_created.load(Relaxed),
+            symlinks: self.symlinks.load(Relaxed),
+            hardlinks: self.hardlinks.load(Relaxed),
+            specials: self.specials.load(Relaxed),
+            files_skipped: self.skipped.load(Relaxed),
+            errors: self.errors.load(Relaxed),
+            elapsed,
+        }
+    }
+}
+
+/// What a finished job did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Summary {
+    pub files_copied: u64,
+    pub bytes_copied: u64,
+    pub dirs_created: u64,
+    pub symlinks: u64,
+    pub hardlinks: u64,
+    pub specials: u64,
+    pub files_skipped: u64,
+    pub errors: u64,
+    pub elapsed: Duration,
+}
+
+/// How a job that was not stopped by a fatal error ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Everything copied (exit 0).
+    Complete,
+    /// Finished, but some entries failed and were reported (exit 1).
+    Partial,
+    /// Stopped by the caller's cancel flag (exit 130).
+    Interrupted,
+}
+
+/// Receives per-entry failures as they happen, from any stream.
+pub trait Reporter: Send + Sync {
+    fn entry_failed(&self, err: &EntryError);
+}
+
+/// Hard-link bookkeeping for one source inode with more than one name.
+pub(crate) enum LinkState {
+    /// Its first name is being copied; later names wait here.
+    Copying(Vec<(Arc<DirNode>, CString)>),
+    /// Copied; later names are linked to this path relative to DST.
+    Done(Vec<u8>),
+    /// The first copy failed; later names fail too.
+    Failed,
+}
+
+/// State shared by the streams of one job.
+pub(crate) struct Shared {
+    pub opts: CopyOptions,
+    pub queue: Queue<Task>,
+    pub stats: Arc<Stats>,
+    reporter: Arc<dyn Reporter>,
+    cancel: Arc<AtomicBool>,
+    fatal: Mutex<Option<EntryError>>,
+    pub links: Mutex<HashMap<(u32, u32, u64), LinkState>>,
+    src_root: Vec<u8>,
+    dst_root: Vec<u8>,
+    /// DST's root directory, for linking later names of a hard-linked file.
+    pub dst_root_fd: Option<OwnedFd>,
+    /// SRC's device, for `--one-file-system`.
+    pub root_dev: (u32, u32),
+    /// Cleared after the first `copy_file_range` the kernel refuses.
+    pub kernel_copy_ok: AtomicBool,
+    /// Cleared after the first clone the file systems refuse.
+    pub clone_ok: AtomicBool,
+    tmp_seq: AtomicU64,
+}
+
+impl Shared {
+    /// True once the job must stop: cancelled, or a fatal error.
+    pub fn stopped(&self) -> bool {
+        self.cancel.load(Relaxed)
+    }
+
+    /// Records an entry failure; a fatal one stops the job.
+    pub fn fail(&self, err: EntryError) {
+        self.stats.errors.fetch_add(1, Relaxed);
+        if err.is_fatal() {
+            let mut fatal = self.fatal.lock().expect("fatal lock");
+            if fatal.is_none() {
+                *fatal = Some(err);
+            }
+            self.cancel.store(true, Relaxed);
+            return;
+        }
+        self.reporter.entry_failed(&err);
+    }
+
+    /// The full path of an entry given relative to the roots.
+    pub fn full_path(&self, side: Side, rel: &[u8]) -> Vec<u8> {
+        let root = match side {
+            Side::Src => &self.src_root,
+            Side::Dst => &self.dst_root,
+        };
+        let mut p = root.clone();
+        if !rel.is_empty() {
+            if !p.ends_with(b"/") {
+                p.push(b'/');
+            }
+            p.extend_from_slice(rel);
+        }
+        p
+    }
+
+    /// Writes a fresh temporary name, unique across streams and runs, into
+    /// `out` as a NUL-terminated string. Temporaries start with `.sluice-`
+    /// and end with `.tmp`, so a later run recognises its leftovers.
+    pub fn temp_name(&self, out: &mut Vec<u8>) {
+        use std::io::Write;
+        let n = self.tmp_seq.fetch_add(1, Relaxed);
+        out.clear();
+        let _ = write!(out, ".sluice-{:x}-{:x}.tmp\0", std::process::id(), n);
+    }
+}
+
+/// Copies SRC to DST with `opts`, counting into `stats` and reporting entry
+/// failures to `reporter`. Setting `cancel` stops the job at the next entry
+/// boundary; temporaries in flight are removed.
+///
+/// On `Err`, nothing partial is left under a final name: files are renamed
+/// into place only when complete.
+pub fn copy(
+    src: &Path,
+    dst: &Path,
+    opts: CopyOptions,
+    stats: Arc<Stats>,
+    reporter: Arc<dyn Reporter>,
+    cancel: Arc<AtomicBool>,
+) -> Result<Outcome, JobError> {
+    sluice_sys::raise_fd_limit();
+    sluice_sys::clear_umask();
+    let src_meta = std::fs::metadata(src).map_err(|source| JobError::Source {
+        path: src.to_owned(),
+        source,
+    })?;
+    let roots = if src_meta.is_dir() {
+        Roots::tree(src, dst, opts.dry_run)?
+    } else {
+        Roots::file(src, dst, opts.dry_run)?
+    };
+    let jobs = opts.jobs.max(1);
+    let src_stat =
+        sluice_sys::stat_fd(sluice_sys::fd(&roots.src_fd)).map_err(|e| JobError::Source {
+            path: src.to_owned(),
+            source: e.into(),
+        })?;
+    let dst_root_fd = match &roots.dst_fd {
+        Some(fd) => Some(fd.try_clone().map_err(|source| JobError::Destination {
+            path: dst.to_owned(),
+            source,
+        })?),
+        None => None,
+    };
+    let shared = Arc::new(Shared {
+        queue: Queue::new(jobs * 4, 256),
+        stats,
+        reporter,
+        cancel,
+        fatal: Mutex::new(None),
+        links: Mutex::new(HashMap::new()),
+        src_root: roots.src_path.as_os_str().as_bytes().to_vec(),
+        dst_root: roots.dst_path.as_os_str().as_bytes().to_vec(),
+        dst_root_fd,
+        root_dev: src_stat.dev,
+        kernel_copy_ok: AtomicBool::new(opts.reflink != Reflink::Never),
+        clone_ok: AtomicBool::new(opts.reflink != Reflink::Never),
+        tmp_seq: AtomicU64::new(0),
+        opts,
+    });
+    let root = Arc::new(DirNode {
+        src: roots.src_fd,
+        dst: roots.dst_fd,
+        rel: Vec::new(),
+        stat: src_stat,
+        owned: roots.single.is_none(),
+        parent: None,
+        shared: shared.clone(),
+    });
+    let first = match roots.single {
+        None => Task::List(root),
+        Some((src_name, dst_name, st)) => Task::Single {
+            node: root,
+            src_name,
+            dst_name,
+            st,
+        },
+    };
+    shared
+        .queue
+        .push(crate::queue::Lane::Dir, first)
+        .unwrap_or_else(|_| unreachable!("a new queue has room"));
+    std::thread::scope(|s| {
+        for i in 0..jobs {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("stream-{i}"))
+                // Deep trees recurse when the queue is full; stacks are
+                // virtual memory, only touched pages cost anything.
+                .stack_size(64 << 20)
+                .spawn_scoped(s, move || Worker::new(shared).run())
+                .expect("spawn stream thread");
+        }
+    });
+    // Streams are gone; anything still queued (after a stop) is dropped here,
+    // which removes its temporaries.
+    drop(shared.queue.close());
+    if let Some(err) = shared.fatal.lock().expect("fatal lock").take() {
+        return Err(JobError::Fatal(err));
+    }
+    if shared.stopped() {
+        return Ok(Outcome::Interrupted);
+    }
+    if shared.stats.errors.load(Relaxed) > 0 {
+        Ok(Outcome::Partial)
+    } else {
+        Ok(Outcome::Complete)
+    }
+}
+
+/// The opened roots of a job.
+struct Roots {
+    src_path: PathBuf,
+    dst_path: PathBuf,
+    src_fd: OwnedFd,
+    dst_fd: Option<OwnedFd>,
+    /// For a single-file copy: source name, destination name, source stat,
+    /// with the fds above being their parent directories.
+    single: Option<(CString, CString, Stat)>,
+}
+
+fn src_err(path: &Path, e: impl Into<std::io::Error>) -> JobError {
+    JobError::Source {
+        path: path.to_owned(),
+        source: e.into(),
+    }
+}
+
+fn dst_err(path: &Path, e: impl Into<std::io::Error>) -> JobError {
+    JobError::Destination {
+        path: path.to_owned(),
+        source: e.into(),
+    }
+}
+
+/// The absolute, symlink-free form of a path that may not exist yet: its
+/// deepest existing ancestor canonicalized, the rest appended.
+fn resolve(path: &Path) -> std::io::Result<PathBuf> {
+    let abs = std::path::absolute(path)?;
+    let mut existing = abs.as_path();
+    let mut rest = Vec::new();
+    loop {
+        match existing.canonicalize() {
+            Ok(c) => {
+                let mut out = c;
+                out.extend(rest.iter().rev());
+                return Ok(out);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let Some(parent) = existing.parent() else {
+                    return Err(e);
+                };
+                rest.push(existing.file_name().unwrap_or_default().to_owned());
+                existing = parent;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+impl Roots {
+    fn tree(src: &Path, dst: &Path, dry_run: bool) -> Result<Roots, JobError> {
+        let src_abs = resolve(src).map_err(|e| src_err(src, e))?;
+        let dst_abs = resolve(dst).map_err(|e| dst_err(dst, e))?;
+        if dst_abs.starts_with(&src_abs) || src_abs.starts_with(&dst_abs) {
+            return Err(JobError::Usage(format!(
+                "source {} and destination {} overlap; refusing to copy a tree into itself",
+                src.display(),
+                dst.display()
+            )));
+        }
+        let src_fd = sluice_sys::open_dir_path(src).map_err(|e| src_err(src, e))?;
+        let dst_fd = if dry_run {
+            None
+        } else {
+            std::fs::create_dir_all(dst).map_err(|e| dst_err(dst, e))?;
+            Some(sluice_sys::open_dir_path(dst).map_err(|e| dst_err(dst, e))?)
+        };
+        Ok(Roots {
+            src_path: src.to_owned(),
+            dst_path: dst.to_owned(),
+            src_fd,
+            dst_fd,
+            single: None,
+        })
+    }
+
+    fn file(src: &Path, dst: &Path, dry_run: bool) -> Result<Roots, JobError> {
+        // The root is named by the user, so a symlink there is followed.
+        let real = src.canonicalize().map_err(|e| src_err(src, e))?;
+        let src_dir = real.parent().unwrap_or(Path::new("/"));
+        let src_name = real
+            .file_name()
+            .ok_or_else(|| JobError::Usage(format!("{} is not a file", src.display())))?;
+        let (dst_dir, dst_name) = if dst.is_dir() {
+            (
+                dst.to_owned(),
+                src.file_name().unwrap_or(src_name).to_owned(),
+            )
+        } else {
+            let name = dst
+                .file_name()
+                .ok_or_else(|| JobError::Usage(format!("{} names no file", dst.display())))?;
+            let dir = match dst.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+                _ => PathBuf::from("."),
+            };
+            (dir, name.to_owned())
+        };
+        let dst_full = dst_dir.join(&dst_name);
+        if resolve(&dst_full).map_err(|e| dst_err(dst, e))? == real {
+            return Err(JobError::Usage(format!(
+                "source {} and destination {} are the same file",
+                src.display(),
+                dst.display()
+            )));
+        }
+        let src_fd = sluice_sys::open_dir_path(src_dir).map_err(|e| src_err(src_dir, e))?;
+        let st = sluice_sys::stat_at(sluice_sys::fd(&src_fd), &cstring(src_name.as_bytes()))
+            .map_err(|e| src_err(src, e))?;
+        let dst_fd = if dry_run {
+            None
+        } else {
+            std::fs::create_dir_all(&dst_dir).map_err(|e| dst_err(&dst_dir, e))?;
+            Some(sluice_sys::open_dir_path(&dst_dir).map_err(|e| dst_err(&dst_dir, e))?)
+        };
+        Ok(Roots {
+            src_path: src_dir.to_owned(),
+            dst_path: dst_dir,
+            src_fd,
+            dst_fd,
+            single: Some((
+                cstring(src_name.as_bytes()),
+                cstring(dst_name.as_bytes()),
+                st,
+            )),
+        })
+    }
+}
+
+fn cstring(b: &[u8]) -> CString {
+    CString::new(b).expect("a path component has no NUL")
+}

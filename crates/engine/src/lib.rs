@@ -1,0 +1,29 @@
+//! sluice's engine: runs one job — walk, plan, copy — on one fixed pool of
+//! streams, and reports what happened.
+//!
+//! ```text
+//!  roots ─► pool of N streams pulling from one bounded two-lane queue ─► stats, errors
+//!           a stream lists a directory (getdents64 + statx), creates it in
+//!           DST, queues its small files in batches, its subdirectories as
+//!           new tasks, and each big file as chunk tasks any stream may take
+//! ```
+//!
+//! Walking and copying share the pool (rather than separate walker threads
+//! feeding copier threads) so that no stream idles while either kind of work
+//! waits, and so that a directory exists in DST before any of its children
+//! is written. The engine owns no terminal and prints nothing: errors go to
+//! a [`Reporter`], counters to [`Stats`].
+
+#![forbid(unsafe_code)]
+
+mod copy;
+pub mod error;
+mod job;
+pub mod plan;
+mod queue;
+mod tree;
+mod worker;
+
+pub use error::{escape, EntryError, JobError, Reason, Side};
+pub use job::{copy, CopyOptions, Outcome, Reflink, Reporter, Stats, Summary};
+pub use sluice_walk::Filter;

@@ -1,0 +1,101 @@
+//! Directories in flight, and the metadata they receive when done.
+//!
+//! A [`DirNode`] is shared (`Arc`) by every task that still works inside the
+//! directory, and each node holds its parent. When the last task finishes,
+//! the node is dropped and only then are the directory's mode and times set
+//! and, with `--fsync`, the directory synced: its times come out right
+//! because nothing is written into it afterwards, and a parent is always
+//! finished after its children.
+
+use crate::error::{EntryError, Reason, Side};
+use crate::job::Shared;
+use sluice_sys::Stat;
+use std::ffi::CStr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+/// An open directory pair: the source directory and its copy in DST.
+pub struct DirNode {
+    pub src: OwnedFd,
+    /// `None` in a dry run, where DST is never touched.
+    pub dst: Option<OwnedFd>,
+    /// Path relative to the job's roots ("" for the roots).
+    pub rel: Vec<u8>,
+    /// The source directory's metadata, applied on drop.
+    pub stat: Stat,
+    /// Whether the metadata of this directory is ours to set (false for the
+    /// parent of a single-file copy, which the job does not own).
+    pub owned: bool,
+    /// Held, never read: keeps the parent open and unfinished until this
+    /// directory is finished.
+    #[allow(dead_code)]
+    pub parent: Option<Arc<DirNode>>,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl DirNode {
+    /// The destination directory's descriptor (not called in dry runs).
+    pub fn dst(&self) -> BorrowedFd<'_> {
+        self.dst
+            .as_ref()
+            .expect("no destination in a dry run")
+            .as_fd()
+    }
+
+    /// Path of a child relative to the roots.
+    pub fn child_rel(&self, name: &CStr) -> Vec<u8> {
+        let name = name.to_bytes();
+        let mut rel = Vec::with_capacity(self.rel.len() + 1 + name.len());
+        rel.extend_from_slice(&self.rel);
+        if !rel.is_empty() {
+            rel.push(b'/');
+        }
+        rel.extend_from_slice(name);
+        rel
+    }
+
+    /// An error about a child entry, with its full path.
+    pub fn error(&self, name: &CStr, side: Side, op: &'static str, reason: Reason) -> EntryError {
+        let rel = self.child_rel(name);
+        EntryError {
+            path: self.shared.full_path(side, &rel),
+            side,
+            op,
+            reason,
+        }
+    }
+
+    /// An error about this directory itself.
+    pub fn self_error(&self, side: Side, op: &'static str, reason: Reason) -> EntryError {
+        EntryError {
+            path: self.shared.full_path(side, &self.rel),
+            side,
+            op,
+            reason,
+        }
+    }
+
+    fn finish(&self) -> Result<(), (&'static str, sluice_sys::Errno)> {
+        let Some(dst) = &self.dst else { return Ok(()) };
+        let dst = dst.as_fd();
+        let opts = &self.shared.opts;
+        sluice_sys::set_perm(dst, self.stat.perm() & opts.perm_mask()).map_err(|e| ("chmod", e))?;
+        sluice_sys::set_times(dst, &self.stat).map_err(|e| ("set times", e))?;
+        if opts.fsync {
+            sluice_sys::sync(dst).map_err(|e| ("fsync", e))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DirNode {
+    fn drop(&mut self) {
+        if !self.owned || self.shared.stopped() {
+            return;
+        }
+        if let Err((op, e)) = self.finish() {
+            self.shared
+                .fail(self.self_error(Side::Dst, op, Reason::Os(e)));
+        }
+    }
+}

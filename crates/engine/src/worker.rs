@@ -1,0 +1,298 @@
+//! One stream of the pool: takes tasks from the queue and runs them.
+
+use crate::copy::BigFile;
+use crate::error::{Reason, Side};
+use crate::job::Shared;
+use crate::plan::{self, Action};
+use crate::queue::Lane;
+use crate::tree::DirNode;
+use sluice_sys::{AlignedBuf, Stat};
+use sluice_walk::DirStream;
+use std::ffi::{CStr, CString};
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+/// Entries per small-file batch: enough to amortise queue traffic, few
+/// enough that one big directory spreads over all streams.
+const BATCH: usize = 128;
+
+/// A unit of work on the queue.
+pub(crate) enum Task {
+    /// List an already opened directory pair (the roots).
+    List(Arc<DirNode>),
+    /// Open, create in DST, then list a subdirectory.
+    Dir {
+        parent: Arc<DirNode>,
+        name: CString,
+        st: Stat,
+    },
+    /// Copy a batch of non-directory entries of one directory.
+    Files(FileBatch),
+    /// Copy the next unclaimed chunk of a big file.
+    Chunk(Arc<BigFile>),
+    /// Copy one file under another name (SRC given as a file).
+    Single {
+        node: Arc<DirNode>,
+        src_name: CString,
+        dst_name: CString,
+        st: Stat,
+    },
+}
+
+impl Task {
+    fn lane(&self) -> Lane {
+        match self {
+            Task::List(_) | Task::Dir { .. } => Lane::Dir,
+            _ => Lane::Data,
+        }
+    }
+}
+
+/// Entries of one directory, names packed into one buffer so a batch costs
+/// two allocations however many entries it holds.
+pub(crate) struct FileBatch {
+    node: Arc<DirNode>,
+    names: Vec<u8>,
+    entries: Vec<(u32, Stat)>,
+}
+
+impl FileBatch {
+    fn new(node: Arc<DirNode>) -> Self {
+        FileBatch {
+            node,
+            names: Vec::with_capacity(BATCH * 16),
+            entries: Vec::with_capacity(BATCH),
+        }
+    }
+
+    fn push(&mut self, name: &CStr, st: Stat) {
+        self.entries.push((self.names.len() as u32, st));
+        self.names.extend_from_slice(name.to_bytes_with_nul());
+    }
+
+    fn name(&self, start: u32) -> &CStr {
+        CStr::from_bytes_until_nul(&self.names[start as usize..]).expect("names are NUL-terminated")
+    }
+}
+
+/// Per-stream scratch space, reused for every entry.
+pub(crate) struct Scratch {
+    /// Data buffer for read/write copies, allocated on first use.
+    pub buf: Option<AlignedBuf>,
+    pub xattr_names: Vec<u8>,
+    pub xattr_value: Vec<u8>,
+    pub tmp: Vec<u8>,
+    pub link: Vec<u8>,
+    stream: Option<DirStream>,
+}
+
+/// Size of a stream's data buffer: large enough for efficient direct I/O.
+pub(crate) const IO_BUF: usize = 4 << 20;
+
+impl Scratch {
+    pub fn buf(&mut self) -> &mut [u8] {
+        self.buf
+            .get_or_insert_with(|| AlignedBuf::new(IO_BUF))
+            .as_mut_slice()
+    }
+}
+
+/// One stream of the pool.
+pub(crate) struct Worker {
+    pub shared: Arc<Shared>,
+    pub scratch: Scratch,
+}
+
+impl Worker {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Worker {
+            shared,
+            scratch: Scratch {
+                buf: None,
+                xattr_names: Vec::new(),
+                xattr_value: Vec::new(),
+                tmp: Vec::with_capacity(64),
+                link: Vec::new(),
+                stream: None,
+            },
+        }
+    }
+
+    /// Runs tasks until the job is complete.
+    pub fn run(mut self) {
+        while let Some(task) = self.shared.queue.pop() {
+            self.run_task(task);
+            self.shared.queue.done();
+        }
+    }
+
+    /// Queues a task, or runs it right here when the queue is full.
+    fn spawn(&mut self, task: Task) {
+        if let Err(task) = self.shared.queue.push(task.lane(), task) {
+            self.run_task(task);
+        }
+    }
+
+    fn run_task(&mut self, task: Task) {
+        if self.shared.stopped() {
+            return; // dropping the task releases its directories and temporaries
+        }
+        match task {
+            Task::List(node) => self.list(node),
+            Task::Dir { parent, name, st } => self.enter_dir(parent, &name, st),
+            Task::Files(batch) => {
+                for &(start, st) in &batch.entries {
+                    if self.shared.stopped() {
+                        break;
+                    }
+                    let name = batch.name(start);
+                    self.copy_entry(&batch.node, name, name, &st);
+                }
+            }
+            Task::Chunk(big) => self.run_chunks(big),
+            Task::Single {
+                node,
+                src_name,
+                dst_name,
+                st,
+            } => {
+                self.shared.stats.entries_found.fetch_add(1, Relaxed);
+                self.shared.stats.bytes_found.fetch_add(st.size, Relaxed);
+                match plan::action(
+                    &st,
+                    self.shared.opts.chunk_size,
+                    self.shared.opts.privileged,
+                ) {
+                    Action::Chunked { chunks } => {
+                        self.start_big(&node, &src_name, &dst_name, &st, chunks)
+                    }
+                    Action::Skip(why) => self.skip(&node, &src_name, why),
+                    _ => self.copy_entry(&node, &src_name, &dst_name, &st),
+                }
+            }
+        }
+    }
+
+    fn skip(&self, node: &DirNode, name: &CStr, why: &'static str) {
+        self.shared.stats.skipped.fetch_add(1, Relaxed);
+        let _ = (node, name, why);
+    }
+
+    /// Opens a subdirectory, creates its copy in DST, then lists it.
+    fn enter_dir(&mut self, parent: Arc<DirNode>, name: &CStr, st: Stat) {
+        let sh = &self.shared;
+        let src = match sluice_sys::open_dir_at(parent.src.as_fd(), name) {
+            Ok(fd) => fd,
+            Err(sluice_sys::Errno::NOENT) => return, // vanished since listed
+            Err(e) => {
+                return sh.fail(parent.error(name, Side::Src, "open directory", Reason::Os(e)))
+            }
+        };
+        let dst = if sh.opts.dry_run {
+            None
+        } else {
+            // Created owner-only, so nobody sees its contents before its
+            // real mode is applied when it is finished.
+            match sluice_sys::mkdir_at(parent.dst(), name, 0o700) {
+                Ok(()) | Err(sluice_sys::Errno::EXIST) => {}
+                Err(e) => return sh.fail(parent.error(name, Side::Dst, "mkdir", Reason::Os(e))),
+            }
+            // O_NOFOLLOW|O_DIRECTORY: a symlink or file in the way is an
+            // error, never a way out of DST.
+            match sluice_sys::open_dir_at(parent.dst(), name) {
+                Ok(fd) => Some(fd),
+                Err(e) => {
+                    return sh.fail(parent.error(name, Side::Dst, "open directory", Reason::Os(e)))
+                }
+            }
+        };
+        if let Some(dst) = &dst {
+            if let Err(err) =
+                self.copy_owner_and_xattrs(&parent, name, src.as_fd(), dst.as_fd(), &st)
+            {
+                self.shared.fail(err);
+            }
+        }
+        self.shared.stats.dirs_created.fetch_add(1, Relaxed);
+        let descend = !self.shared.opts.one_file_system || st.dev == self.shared.root_dev;
+        let node = Arc::new(DirNode {
+            src,
+            dst,
+            rel: parent.child_rel(name),
+            stat: st,
+            owned: true,
+            parent: Some(parent),
+            shared: self.shared.clone(),
+        });
+        if descend {
+            self.list(node);
+        }
+    }
+
+    /// Lists a directory: subdirectories become tasks, big files become
+    /// chunk tasks, everything else is batched.
+    fn list(&mut self, node: Arc<DirNode>) {
+        let mut stream = self.scratch.stream.take().unwrap_or_default();
+        let mut batch = FileBatch::new(node.clone());
+        let shared = self.shared.clone();
+        let opts = &shared.opts;
+        let stats = &shared.stats;
+        let filter = &opts.filter;
+        let res = stream.for_each(node.src.as_fd(), |entry| {
+            if shared.stopped() {
+                return false;
+            }
+            let name = entry.name;
+            let st = match sluice_walk::stat_entry(node.src.as_fd(), name) {
+                Ok(st) => st,
+                Err(sluice_sys::Errno::NOENT) => return true,
+                Err(e) => {
+                    shared.fail(node.error(name, Side::Src, "stat", Reason::Os(e)));
+                    return true;
+                }
+            };
+            let action = plan::action(&st, opts.chunk_size, opts.privileged);
+            if !filter.is_empty() {
+                let rel = if filter.needs_path() {
+                    node.child_rel(name)
+                } else {
+                    Vec::new()
+                };
+                if filter.excludes(name.to_bytes(), &rel, action == Action::Dir) {
+                    stats.skipped.fetch_add(1, Relaxed);
+                    return true;
+                }
+            }
+            stats.entries_found.fetch_add(1, Relaxed);
+            match action {
+                Action::Dir => self.spawn(Task::Dir {
+                    parent: node.clone(),
+                    name: name.to_owned(),
+                    st,
+                }),
+                Action::Chunked { chunks } => {
+                    stats.bytes_found.fetch_add(st.size, Relaxed);
+                    self.start_big(&node, name, name, &st, chunks);
+                }
+                Action::Skip(why) => self.skip(&node, name, why),
+                Action::Whole | Action::Symlink | Action::Special => {
+                    stats.bytes_found.fetch_add(st.size, Relaxed);
+                    batch.push(name, st);
+                    if batch.entries.len() >= BATCH {
+                        let full = std::mem::replace(&mut batch, FileBatch::new(node.clone()));
+                        self.spawn(Task::Files(full));
+                    }
+                }
+            }
+            true
+        });
+        if let Err(e) = res {
+            shared.fail(node.self_error(Side::Src, "read directory", Reason::Os(e)));
+        }
+        if !batch.entries.is_empty() {
+            self.spawn(Task::Files(batch));
+        }
+        self.scratch.stream = Some(stream);
+    }
+}

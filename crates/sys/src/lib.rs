@@ -1,0 +1,438 @@
+//! The thin syscall layer of sluice.
+//!
+//! Every file-system operation the engine performs goes through here, relative
+//! to a directory file descriptor, so that paths longer than `PATH_MAX` work
+//! and no symlink inside the destination is ever followed. Each wrapper picks
+//! the fastest primitive the kernel offers and falls back cleanly
+//! (`FICLONE`, then `copy_file_range`, then `pread`/`pwrite`).
+//!
+//! This is the only crate that may contain `unsafe`; today it needs none,
+//! because `rustix` wraps the raw calls. It must never make policy decisions
+//! (what to copy, what to report): callers get plain `Errno`s back.
+
+use std::ffi::CStr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+pub use rustix::fs::{FileType, Mode, OFlags};
+pub use rustix::io::Errno;
+
+/// Result of a raw syscall wrapper.
+pub type Result<T> = std::result::Result<T, Errno>;
+
+mod buf;
+mod xattr;
+pub use buf::{AlignedBuf, DIRECT_ALIGN};
+pub use xattr::copy_xattrs;
+
+/// The metadata sluice needs about one entry, read once with `statx`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stat {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub ino: u64,
+    pub size: u64,
+    pub blocks: u64,
+    pub dev: (u32, u32),
+    pub rdev: (u32, u32),
+    pub atime: (i64, u32),
+    pub mtime: (i64, u32),
+}
+
+impl Stat {
+    /// The file type bits of `mode`.
+    pub fn file_type(&self) -> FileType {
+        FileType::from_raw_mode(self.mode)
+    }
+
+    /// Permission bits including set-id and sticky bits.
+    pub fn perm(&self) -> u32 {
+        self.mode & 0o7777
+    }
+
+    /// True when the file has fewer allocated blocks than its size needs,
+    /// so its holes are worth finding with `SEEK_DATA`/`SEEK_HOLE`.
+    pub fn is_sparse(&self) -> bool {
+        self.blocks.saturating_mul(512) < self.size
+    }
+
+    fn from_statx(x: &rustix::fs::Statx) -> Stat {
+        Stat {
+            mode: u32::from(x.stx_mode),
+            uid: x.stx_uid,
+            gid: x.stx_gid,
+            nlink: x.stx_nlink,
+            ino: x.stx_ino,
+            size: x.stx_size,
+            blocks: x.stx_blocks,
+            dev: (x.stx_dev_major, x.stx_dev_minor),
+            rdev: (x.stx_rdev_major, x.stx_rdev_minor),
+            atime: (x.stx_atime.tv_sec, x.stx_atime.tv_nsec),
+            mtime: (x.stx_mtime.tv_sec, x.stx_mtime.tv_nsec),
+        }
+    }
+}
+
+fn statx_mask() -> rustix::fs::StatxFlags {
+    use rustix::fs::StatxFlags as F;
+    F::TYPE
+        | F::MODE
+        | F::NLINK
+        | F::UID
+        | F::GID
+        | F::ATIME
+        | F::MTIME
+        | F::INO
+        | F::SIZE
+        | F::BLOCKS
+}
+
+/// `statx(dir, name, AT_SYMLINK_NOFOLLOW)`: the entry itself, never a link target.
+pub fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<Stat> {
+    let x = rustix::fs::statx(
+        dir,
+        name,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        statx_mask(),
+    )?;
+    Ok(Stat::from_statx(&x))
+}
+
+/// `statx` of an open file descriptor.
+pub fn stat_fd(fd: BorrowedFd<'_>) -> Result<Stat> {
+    let x = rustix::fs::statx(fd, c"", rustix::fs::AtFlags::EMPTY_PATH, statx_mask())?;
+    Ok(Stat::from_statx(&x))
+}
+
+/// Opens a directory below `dir` without following a symlink at `name`.
+pub fn open_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// Opens a directory by path (for the roots of a job); follows symlinks, as a
+/// user naming a root expects.
+pub fn open_dir_path(path: &std::path::Path) -> Result<OwnedFd> {
+    rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+}
+
+/// Opens a regular file below `dir` for reading, never through a symlink.
+/// `O_NOATIME` is tried first so a copy leaves the source's atime alone; it
+/// is refused for files the caller does not own, so it is retried without.
+pub fn open_read_at(dir: BorrowedFd<'_>, name: &CStr, direct: bool) -> Result<OwnedFd> {
+    let mut flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
+    if direct {
+        flags |= OFlags::DIRECT;
+    }
+    match rustix::fs::openat(dir, name, flags | OFlags::NOATIME, Mode::empty()) {
+        Err(Errno::PERM) => rustix::fs::openat(dir, name, flags, Mode::empty()),
+        other => other,
+    }
+}
+
+/// Creates a new file below `dir` for writing: `O_EXCL` so an existing name
+/// (including a symlink planted there) is never opened or followed.
+pub fn create_excl_at(dir: BorrowedFd<'_>, name: &CStr, perm: u32) -> Result<OwnedFd> {
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(perm),
+    )
+}
+
+/// Reopens a file we created for `O_DIRECT` writes at aligned offsets.
+pub fn reopen_direct(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::DIRECT,
+        Mode::empty(),
+    )
+}
+
+/// `mkdirat`.
+pub fn mkdir_at(dir: BorrowedFd<'_>, name: &CStr, perm: u32) -> Result<()> {
+    rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(perm))
+}
+
+/// Atomically replaces `to` with `from`, both below directory fds.
+pub fn rename_at(
+    dir: BorrowedFd<'_>,
+    from: &CStr,
+    to_dir: BorrowedFd<'_>,
+    to: &CStr,
+) -> Result<()> {
+    rustix::fs::renameat(dir, from, to_dir, to)
+}
+
+/// Removes a non-directory entry.
+pub fn unlink_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
+    rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::empty())
+}
+
+/// Removes an empty directory.
+pub fn rmdir_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
+    rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::REMOVEDIR)
+}
+
+/// Creates a hard link `to` for the existing `from` (not following symlinks).
+pub fn link_at(
+    from_dir: BorrowedFd<'_>,
+    from: &CStr,
+    to_dir: BorrowedFd<'_>,
+    to: &CStr,
+) -> Result<()> {
+    rustix::fs::linkat(from_dir, from, to_dir, to, rustix::fs::AtFlags::empty())
+}
+
+/// Reads a symlink's target into `reuse` (cleared first).
+pub fn readlink_at(dir: BorrowedFd<'_>, name: &CStr, reuse: Vec<u8>) -> Result<std::ffi::CString> {
+    rustix::fs::readlinkat(dir, name, reuse)
+}
+
+/// Creates a symlink named `name` below `dir` pointing at `target`.
+pub fn symlink_at(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
+    rustix::fs::symlinkat(target, dir, name)
+}
+
+/// Creates a FIFO, socket or device node.
+pub fn mknod_at(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> Result<()> {
+    let dev = rustix::fs::makedev(st.rdev.0, st.rdev.1);
+    rustix::fs::mknodat(
+        dir,
+        name,
+        st.file_type(),
+        Mode::from_raw_mode(st.perm() & 0o777),
+        dev,
+    )
+}
+
+fn timestamps(st: &Stat) -> rustix::fs::Timestamps {
+    rustix::fs::Timestamps {
+        last_access: rustix::fs::Timespec {
+            tv_sec: st.atime.0,
+            tv_nsec: st.atime.1.into(),
+        },
+        last_modification: rustix::fs::Timespec {
+            tv_sec: st.mtime.0,
+            tv_nsec: st.mtime.1.into(),
+        },
+    }
+}
+
+/// Sets atime and mtime (nanoseconds) of an open file or directory.
+pub fn set_times(fd: BorrowedFd<'_>, st: &Stat) -> Result<()> {
+    rustix::fs::futimens(fd, &timestamps(st))
+}
+
+/// Sets atime and mtime of the entry itself (a symlink is not followed).
+pub fn set_times_at(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> Result<()> {
+    rustix::fs::utimensat(
+        dir,
+        name,
+        &timestamps(st),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+}
+
+/// Sets owner and group of an open file.
+pub fn set_owner(fd: BorrowedFd<'_>, st: &Stat) -> Result<()> {
+    let (uid, gid) = ids(st);
+    rustix::fs::fchown(fd, Some(uid), Some(gid))
+}
+
+/// Sets owner and group of the entry itself (a symlink is not followed).
+pub fn set_owner_at(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> Result<()> {
+    let (uid, gid) = ids(st);
+    rustix::fs::chownat(
+        dir,
+        name,
+        Some(uid),
+        Some(gid),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+}
+
+fn ids(st: &Stat) -> (rustix::fs::Uid, rustix::fs::Gid) {
+    (
+        rustix::fs::Uid::from_raw(st.uid),
+        rustix::fs::Gid::from_raw(st.gid),
+    )
+}
+
+/// Sets permission bits of an open file.
+pub fn set_perm(fd: BorrowedFd<'_>, perm: u32) -> Result<()> {
+    rustix::fs::fchmod(fd, Mode::from_raw_mode(perm))
+}
+
+/// Sets the file's size; the new range reads as zeros and takes no space.
+pub fn set_len(fd: BorrowedFd<'_>, len: u64) -> Result<()> {
+    rustix::fs::ftruncate(fd, len)
+}
+
+/// Reserves `len` bytes so a big file is laid out contiguously and a full
+/// disk is found before any data is written. Unsupported file systems
+/// (tmpfs before 3.5, some FUSE) are not an error.
+pub fn preallocate(fd: BorrowedFd<'_>, len: u64) -> Result<()> {
+    match rustix::fs::fallocate(fd, rustix::fs::FallocateFlags::empty(), 0, len) {
+        Err(Errno::OPNOTSUPP) | Err(Errno::NOSYS) | Err(Errno::INVAL) => Ok(()),
+        other => other,
+    }
+}
+
+/// `fsync`.
+pub fn sync(fd: BorrowedFd<'_>) -> Result<()> {
+    rustix::fs::fsync(fd)
+}
+
+/// Clones all of `src` into `dst` (`FICLONE`): shares extents, copies nothing.
+pub fn clone_file(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<()> {
+    rustix::fs::ioctl_ficlone(dst, src)
+}
+
+/// Where the next data at or after `off` starts, or `None` past the last data.
+pub fn next_data(fd: BorrowedFd<'_>, off: u64) -> Result<Option<u64>> {
+    match rustix::fs::seek(fd, rustix::fs::SeekFrom::Data(off)) {
+        Ok(pos) => Ok(Some(pos)),
+        Err(Errno::NXIO) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Where the hole at or after `off` starts (the file's end counts as a hole).
+pub fn next_hole(fd: BorrowedFd<'_>, off: u64) -> Result<u64> {
+    rustix::fs::seek(fd, rustix::fs::SeekFrom::Hole(off))
+}
+
+/// How one range is moved between two files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyMethod {
+    /// In-kernel `copy_file_range` (may reflink on xfs/btrfs).
+    Kernel,
+    /// `pread`/`pwrite` through a user buffer.
+    Buffered,
+}
+
+/// Copies `len` bytes at `off` from `src` to the same offset in `dst`.
+/// Returns the bytes copied, short only when `src` ended early (it shrank).
+///
+/// With `CopyMethod::Kernel`, an `EXDEV`/`ENOSYS`/`EOPNOTSUPP`/`EINVAL`
+/// answer is returned as `Err` untouched so the caller can switch methods
+/// for the rest of the job; nothing has been written to `dst` by then.
+pub fn copy_range(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    off: u64,
+    len: u64,
+    method: CopyMethod,
+    buf: &mut [u8],
+) -> Result<u64> {
+    let mut done = 0u64;
+    while done < len {
+        let want = len - done;
+        let n = match method {
+            CopyMethod::Kernel => {
+                let mut off_in = off + done;
+                let mut off_out = off + done;
+                // copy_file_range takes at most a size_t; cap each call so a
+                // cancellation check between calls stays responsive.
+                let step = want.min(1 << 30) as usize;
+                rustix::fs::copy_file_range(src, Some(&mut off_in), dst, Some(&mut off_out), step)?
+            }
+            CopyMethod::Buffered => {
+                let step = want.min(buf.len() as u64) as usize;
+                let n = pread_retry(src, &mut buf[..step], off + done)?;
+                if n > 0 {
+                    write_all_at(dst, &buf[..n], off + done)?;
+                }
+                n
+            }
+        };
+        if n == 0 {
+            break;
+        }
+        done += n as u64;
+    }
+    Ok(done)
+}
+
+fn pread_retry(fd: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> Result<usize> {
+    loop {
+        match rustix::io::pread(fd, &mut *buf, off) {
+            Err(Errno::INTR) => continue,
+            other => return other,
+        }
+    }
+}
+
+/// Reads into `buf` at `off` until it is full or the file ends.
+pub fn read_full_at(fd: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        let n = pread_retry(fd, &mut buf[done..], off + done as u64)?;
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    Ok(done)
+}
+
+/// Writes all of `data` at `off`.
+pub fn write_all_at(fd: BorrowedFd<'_>, mut data: &[u8], mut off: u64) -> Result<()> {
+    while !data.is_empty() {
+        match rustix::io::pwrite(fd, data, off) {
+            Ok(0) => return Err(Errno::IO),
+            Ok(n) => {
+                data = &data[n..];
+                off += n as u64;
+            }
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Raises the open-files limit to its hard maximum: a deep parallel walk
+/// keeps one descriptor per directory with work still pending.
+pub fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut lim = getrlimit(Resource::Nofile);
+    if lim.current != lim.maximum {
+        lim.current = lim.maximum;
+        let _ = setrlimit(Resource::Nofile, lim);
+    }
+}
+
+/// Clears the process umask so created entries get exactly the modes asked
+/// for; sluice sets every mode explicitly from the source.
+pub fn clear_umask() {
+    rustix::process::umask(Mode::empty());
+}
+
+/// True when running with root's effective uid (owners and devices can be
+/// preserved).
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// The device a descriptor lives on, for `--one-file-system` and overlap checks.
+pub fn dev_of(fd: BorrowedFd<'_>) -> Result<(u32, u32)> {
+    Ok(stat_fd(fd)?.dev)
+}
+
+/// Borrow helper so callers can pass `&OwnedFd` where a `BorrowedFd` is wanted.
+pub fn fd<F: AsFd>(f: &F) -> BorrowedFd<'_> {
+    f.as_fd()
+}

@@ -1,0 +1,79 @@
+//! Extended attributes (and with them POSIX ACLs, which live in
+//! `system.posix_acl_*`), copied between open file descriptors.
+
+use crate::{Errno, Result};
+use std::ffi::CStr;
+use std::os::fd::BorrowedFd;
+
+/// Copies every extended attribute of `src` to `dst`. `names` and `value`
+/// are scratch buffers reused across calls. Attributes the destination
+/// refuses (an unsupported namespace, `trusted.*` without privilege) are
+/// skipped; the first other failure is returned with the name it hit.
+pub fn copy_xattrs(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    names: &mut Vec<u8>,
+    value: &mut Vec<u8>,
+) -> std::result::Result<(), (Errno, String)> {
+    let n = match list(src, names) {
+        Ok(n) => n,
+        Err(Errno::OPNOTSUPP) => return Ok(()),
+        Err(e) => return Err((e, "listxattr".into())),
+    };
+    if n == 0 {
+        return Ok(());
+    }
+    let mut start = 0;
+    while start < n {
+        let Some(nul) = names[start..n].iter().position(|&b| b == 0) else {
+            break;
+        };
+        let end = start + nul;
+        let name = CStr::from_bytes_with_nul(&names[start..=end]).expect("one NUL at the end");
+        start = end + 1;
+        if name.is_empty() {
+            continue;
+        }
+        let len = match get(src, name, value) {
+            Ok(len) => len,
+            Err(Errno::NODATA) => continue, // removed since listing
+            Err(e) => return Err((e, format!("getxattr {}", name.to_string_lossy()))),
+        };
+        match rustix::fs::fsetxattr(dst, name, &value[..len], rustix::fs::XattrFlags::empty()) {
+            Ok(()) => {}
+            Err(Errno::OPNOTSUPP) | Err(Errno::PERM) => {}
+            Err(e) => return Err((e, format!("setxattr {}", name.to_string_lossy()))),
+        }
+    }
+    Ok(())
+}
+
+fn list(fd: BorrowedFd<'_>, names: &mut Vec<u8>) -> Result<usize> {
+    if names.len() < 1024 {
+        names.resize(1024, 0);
+    }
+    loop {
+        match rustix::fs::flistxattr(fd, &mut names[..]) {
+            Err(Errno::RANGE) => {
+                let want = rustix::fs::flistxattr(fd, &mut [0u8; 0][..])?;
+                names.resize(want.max(names.len() * 2), 0);
+            }
+            other => return other,
+        }
+    }
+}
+
+fn get(fd: BorrowedFd<'_>, name: &CStr, value: &mut Vec<u8>) -> Result<usize> {
+    if value.len() < 4096 {
+        value.resize(4096, 0);
+    }
+    loop {
+        match rustix::fs::fgetxattr(fd, name, &mut value[..]) {
+            Err(Errno::RANGE) => {
+                let want = rustix::fs::fgetxattr_query(fd, name)?;
+                value.resize(want.max(value.len() * 2), 0);
+            }
+            other => return other,
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! Command-line arguments, parsed once into the engine's options.
+
+use crate::size::parse_size;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use sluice_engine::{CopyOptions, Filter, Reflink};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Copy very large file trees and files as fast as the hardware allows"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Copy everything from SRC to DST, replacing what differs.
+    Copy(CopyArgs),
+    /// Copy only what changed (not implemented yet).
+    Sync(Rest),
+    /// Compare SRC and DST content (not implemented yet).
+    Verify(Rest),
+    /// Block-level copy of a device or image file (not implemented yet).
+    Image(Rest),
+    /// Keep DST current as SRC changes (not implemented yet).
+    Watch(Rest),
+    /// Measure and pick the stream count (not implemented yet).
+    Probe(Rest),
+    /// Remote end for network copies (not implemented yet).
+    Serve(Rest),
+}
+
+impl Command {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Copy(_) => "copy",
+            Command::Sync(_) => "sync",
+            Command::Verify(_) => "verify",
+            Command::Image(_) => "image",
+            Command::Watch(_) => "watch",
+            Command::Probe(_) => "probe",
+            Command::Serve(_) => "serve",
+        }
+    }
+}
+
+/// Arguments of commands that do not exist yet.
+#[derive(Args)]
+pub struct Rest {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    _args: Vec<String>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ReflinkArg {
+    Auto,
+    Always,
+    Never,
+}
+
+#[derive(Args)]
+pub struct CopyArgs {
+    /// Source directory or file.
+    pub src: PathBuf,
+    /// Destination: receives SRC's contents (created if missing).
+    pub dst: PathBuf,
+    /// Parallel streams [default: 8].
+    #[arg(short = 'j', long = "jobs", value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Files above twice this size are split into chunks copied in parallel.
+    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_size)]
+    pub chunk_size: u64,
+    /// Skip entries matching GLOB (name, or path relative to SRC if it has a '/').
+    #[arg(long, value_name = "GLOB")]
+    pub exclude: Vec<String>,
+    /// Never skip entries matching GLOB, even if an --exclude matches.
+    #[arg(long, value_name = "GLOB")]
+    pub include: Vec<String>,
+    /// Walk and count what would be copied; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Make every file and directory durable (fsync) before it counts as done.
+    #[arg(long)]
+    pub fsync: bool,
+    /// Do not descend into directories on other file systems.
+    #[arg(short = 'x', long)]
+    pub one_file_system: bool,
+    /// Copy chunks of big files with O_DIRECT, bypassing the page cache.
+    #[arg(long)]
+    pub direct: bool,
+    /// Share data blocks with the source where the file system can (xfs, btrfs).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub reflink: ReflinkArg,
+    /// Print one JSON object per line on stdout; the last is the summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Show a progress bar even when stderr is not a terminal.
+    #[arg(long, overrides_with = "no_progress")]
+    pub progress: bool,
+    /// Never show a progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+impl CopyArgs {
+    /// The engine's options for these arguments.
+    pub fn options(&self) -> Result<CopyOptions, String> {
+        if self.chunk_size < 4096 || self.chunk_size % 4096 != 0 {
+            return Err(format!(
+                "--chunk-size must be a multiple of 4 KiB and at least 4 KiB, got {}",
+                self.chunk_size
+            ));
+        }
+        if self.jobs == Some(0) {
+            return Err("--jobs must be at least 1".into());
+        }
+        let filter = Filter::new(&self.exclude, &self.include).map_err(|e| e.to_string())?;
+        let defaults = CopyOptions::default();
+        Ok(CopyOptions {
+            jobs: self.jobs.unwrap_or(defaults.jobs),
+            chunk_size: self.chunk_size,
+            filter,
+            one_file_system: self.one_file_system,
+            dry_run: self.dry_run,
+            direct: self.direct,
+            reflink: match self.reflink {
+                ReflinkArg::Auto => Reflink::Auto,
+                ReflinkArg::Always => Reflink::Always,
+                ReflinkArg::Never => Reflink::Never,
+            },
+            fsync: self.fsync,
+            ..defaults
+        })
+    }
+}

@@ -1,0 +1,39 @@
+//! The `sluice` command: parses arguments once into a job's options, runs
+//! the engine, draws progress, prints the summary, and maps the outcome to
+//! the documented exit codes:
+//!
+//! | code | meaning |
+//! |------|---------|
+//! | 0    | done (every entry copied) |
+//! | 1    | finished, but some entries failed; each was listed with path and reason |
+//! | 2    | fatal error or bad usage; nothing half-written was left under a final name |
+//! | 130  | interrupted (SIGINT/SIGTERM); temporaries removed, run again to finish |
+
+#![forbid(unsafe_code)]
+
+mod args;
+mod output;
+mod size;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match args::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    match cli.command {
+        args::Command::Copy(c) => output::run_copy(c),
+        other => {
+            eprintln!(
+                "sluice: error: `sluice {}` is not implemented yet",
+                other.name()
+            );
+            ExitCode::from(2)
+        }
+    }
+}

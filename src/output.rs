@@ -1,0 +1,204 @@
+//! What the user sees: the progress bar, error lines, the summary table and
+//! the `--json` stream.
+
+use crate::args::CopyArgs;
+use crate::size::human_bytes;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::json;
+use sluice_engine::{escape, EntryError, JobError, Outcome, Reporter, Side, Stats, Summary};
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Prints entry failures as they happen: a line on stderr, and with
+/// `--json` an object on stdout.
+struct Printer {
+    json: bool,
+    bar: Mutex<Option<ProgressBar>>,
+}
+
+impl Reporter for Printer {
+    fn entry_failed(&self, err: &EntryError) {
+        if self.json {
+            let line = json!({
+                "type": "error",
+                "path": escape(&err.path),
+                "side": match err.side { Side::Src => "src", Side::Dst => "dst" },
+                "op": err.op,
+                "error": err.reason.to_string(),
+            });
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+        }
+        let msg = format!("sluice: error: {err}");
+        match &*self.bar.lock().expect("bar lock") {
+            Some(bar) => bar.suspend(|| eprintln!("{msg}")),
+            None => eprintln!("{msg}"),
+        }
+    }
+}
+
+/// Runs `sluice copy` and returns its exit code.
+pub fn run_copy(args: CopyArgs) -> ExitCode {
+    let opts = match args.options() {
+        Ok(o) => o,
+        Err(msg) => {
+            eprintln!("sluice: error: {msg}");
+            return ExitCode::from(2);
+        }
+    };
+    let cancel = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let _ = signal_hook::flag::register(sig, cancel.clone());
+    }
+    let stats = Arc::new(Stats::default());
+    let show_bar = !args.no_progress && (args.progress || std::io::stderr().is_terminal());
+    let printer = Arc::new(Printer {
+        json: args.json,
+        bar: Mutex::new(None),
+    });
+    let start = Instant::now();
+    let done = Arc::new(AtomicBool::new(false));
+    let ticker = show_bar.then(|| {
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(5));
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}")
+                .expect("valid template"),
+        );
+        *printer.bar.lock().expect("bar lock") = Some(bar.clone());
+        let (stats, done) = (stats.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Relaxed) {
+                bar.set_message(progress_line(&stats, start.elapsed()));
+                bar.tick();
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            bar.finish_and_clear();
+        })
+    });
+    let result = sluice_engine::copy(
+        &args.src,
+        &args.dst,
+        opts,
+        stats.clone(),
+        printer.clone(),
+        cancel,
+    );
+    done.store(true, Relaxed);
+    if let Some(t) = ticker {
+        let _ = t.join();
+    }
+    let summary = stats.summary(start.elapsed());
+    let (code, outcome) = match &result {
+        Ok(Outcome::Complete) => (0, "complete"),
+        Ok(Outcome::Partial) => (1, "partial"),
+        Ok(Outcome::Interrupted) => (130, "interrupted"),
+        Err(_) => (2, "failed"),
+    };
+    if let Err(e) = &result {
+        eprintln!("sluice: error: {e}");
+        if let JobError::Fatal(_) = e {
+            eprintln!("sluice: nothing partial was left under a final name");
+        }
+    }
+    if result.as_ref().is_ok_and(|o| *o == Outcome::Interrupted) {
+        eprintln!("sluice: interrupted; run the same command again to finish");
+    }
+    if args.json {
+        println!("{}", summary_json(&summary, outcome));
+    } else if !matches!(
+        result,
+        Err(JobError::Usage(_) | JobError::Source { .. } | JobError::Destination { .. })
+    ) {
+        print!("{}", summary_table(&summary, args.dry_run));
+    }
+    ExitCode::from(code)
+}
+
+fn rate(n: f64, elapsed: Duration) -> f64 {
+    let s = elapsed.as_secs_f64();
+    if s > 0.0 {
+        n / s
+    } else {
+        0.0
+    }
+}
+
+fn progress_line(stats: &Stats, elapsed: Duration) -> String {
+    let done = stats.entries_done();
+    let found = stats.entries_found.load(Relaxed);
+    let bytes = stats.bytes_copied.load(Relaxed) as f64;
+    let bytes_found = stats.bytes_found.load(Relaxed) as f64;
+    let speed = rate(bytes, elapsed);
+    let eta = if speed > 0.0 && bytes_found > bytes {
+        let secs = ((bytes_found - bytes) / speed) as u64;
+        format!(
+            "  ETA {}:{:02}:{:02}",
+            secs / 3600,
+            secs / 60 % 60,
+            secs % 60
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{done}/{found} entries  {}/{}  {}/s  {:.0} files/s{eta}",
+        human_bytes(bytes),
+        human_bytes(bytes_found),
+        human_bytes(speed),
+        rate(stats.files_copied.load(Relaxed) as f64, elapsed),
+    )
+}
+
+/// The `{"type":"summary", ...}` object closing a `--json` stream.
+pub fn summary_json(s: &Summary, outcome: &str) -> serde_json::Value {
+    let secs = s.elapsed.as_secs_f64();
+    json!({
+        "type": "summary",
+        "outcome": outcome,
+        "files_copied": s.files_copied,
+        "bytes_copied": s.bytes_copied,
+        "files_skipped": s.files_skipped,
+        "errors": s.errors,
+        "elapsed_s": (secs * 1000.0).round() / 1000.0,
+        "dirs_created": s.dirs_created,
+        "symlinks": s.symlinks,
+        "hardlinks": s.hardlinks,
+        "specials": s.specials,
+        "files_per_s": rate(s.files_copied as f64, s.elapsed).round(),
+        "bytes_per_s": rate(s.bytes_copied as f64, s.elapsed).round(),
+    })
+}
+
+/// The human summary printed at the end of a run.
+pub fn summary_table(s: &Summary, dry_run: bool) -> String {
+    let secs = s.elapsed.as_secs_f64();
+    let verb = if dry_run { "would copy" } else { "copied" };
+    let mut t = String::new();
+    t += &format!("{:<14}{:>14}{:>14}\n", "", "entries", "bytes");
+    t += &format!(
+        "{:<14}{:>14}{:>14}\n",
+        format!("files {verb}"),
+        s.files_copied,
+        human_bytes(s.bytes_copied as f64)
+    );
+    for (label, n) in [
+        ("directories", s.dirs_created),
+        ("symlinks", s.symlinks),
+        ("hard links", s.hardlinks),
+        ("special files", s.specials),
+        ("skipped", s.files_skipped),
+        ("failed", s.errors),
+    ] {
+        t += &format!("{label:<14}{n:>14}\n");
+    }
+    t += &format!(
+        "time {:.2} s, {}/s, {:.0} files/s\n",
+        secs,
+        human_bytes(rate(s.bytes_copied as f64, s.elapsed)),
+        rate(s.files_copied as f64, s.elapsed)
+    );
+    t
+}
