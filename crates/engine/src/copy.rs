@@ -8,7 +8,7 @@
 //! most `.sluice-*.tmp` files that a later run removes.
 
 use crate::error::{EntryError, Reason, Side};
-use crate::job::{LinkState, Reflink};
+use crate::job::{LinkState, Reflink, Shared};
 use crate::plan;
 use crate::queue::Lane;
 use crate::tree::DirNode;
@@ -27,15 +27,40 @@ pub(crate) struct TempName {
 }
 
 impl TempName {
-    fn new(w: &mut Worker) -> TempName {
-        w.shared.temp_name(&mut w.scratch.tmp);
+    fn new(shared: &Shared) -> TempName {
         let mut bytes = [0u8; 48];
-        bytes[..w.scratch.tmp.len()].copy_from_slice(&w.scratch.tmp);
+        shared.temp_name(&mut bytes);
         TempName { bytes }
     }
 
     fn as_cstr(&self) -> &CStr {
         CStr::from_bytes_until_nul(&self.bytes).expect("NUL-terminated")
+    }
+}
+
+/// A regular file being written that has no final name yet: unnamed
+/// (`O_TMPFILE`) where DST supports it, else under a temporary name.
+struct Pending<'a> {
+    fd: OwnedFd,
+    temp: Option<TempGuard<'a>>,
+}
+
+impl Pending<'_> {
+    /// Gives the complete file its final name, replacing what had it.
+    fn commit(self, shared: &Shared, dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+        if let Some(guard) = self.temp {
+            return guard.commit(name);
+        }
+        match sluice_sys::link_unnamed(self.fd.as_fd(), dir, name) {
+            // The name is taken (an older copy): link under a temporary name
+            // and rename over it, which replaces atomically.
+            Err(Errno::EXIST) => {
+                let tmp = TempName::new(shared);
+                sluice_sys::link_unnamed(self.fd.as_fd(), dir, tmp.as_cstr())?;
+                TempGuard::new(dir, tmp).commit(name)
+            }
+            other => other,
+        }
     }
 }
 
@@ -188,13 +213,11 @@ impl Worker {
     ) -> Result<(), EntryError> {
         let src = sluice_sys::open_read_at(node.src.as_fd(), src_name, false)
             .map_err(|e| node.error(src_name, Side::Src, "open", Reason::Os(e)))?;
-        let tmp = TempName::new(self);
-        let dst = sluice_sys::create_excl_at(node.dst(), tmp.as_cstr(), st.perm() & 0o1777)
-            .map_err(|e| node.error(dst_name, Side::Dst, "create temporary for", Reason::Os(e)))?;
-        let guard = TempGuard::new(node.dst(), tmp);
+        let pending = self.create_pending(node, dst_name, st.perm() & 0o1777)?;
+        let dst = pending.fd.as_fd();
         if st.size > 0 {
             let copied = self
-                .copy_data(src.as_fd(), dst.as_fd(), st)
+                .copy_data(src.as_fd(), dst, st)
                 .map_err(|(op, e)| node.error(dst_name, copy_side(e), op, Reason::Os(e)))?;
             if st.is_sparse() {
                 check_unchanged(node, src_name, src.as_fd(), st)?;
@@ -207,14 +230,39 @@ impl Worker {
                 ));
             }
         }
-        self.finish_file(node, src.as_fd(), dst.as_fd(), dst_name, st)?;
-        guard
-            .commit(dst_name)
+        self.finish_file(node, src.as_fd(), dst, dst_name, st)?;
+        pending
+            .commit(&self.shared, node.dst(), dst_name)
             .map_err(|e| node.error(dst_name, Side::Dst, "rename into place", Reason::Os(e)))?;
         let stats = &self.shared.stats;
         stats.files_copied.fetch_add(1, Relaxed);
         stats.bytes_copied.fetch_add(st.size, Relaxed);
         Ok(())
+    }
+
+    /// Creates the file that will become `dst_name` once complete.
+    fn create_pending<'a>(
+        &self,
+        node: &'a DirNode,
+        dst_name: &CStr,
+        perm: u32,
+    ) -> Result<Pending<'a>, EntryError> {
+        let err = |e| node.error(dst_name, Side::Dst, "create temporary for", Reason::Os(e));
+        if self.shared.unnamed_ok.load(Relaxed) {
+            match sluice_sys::create_unnamed(node.dst(), perm) {
+                Ok(fd) => return Ok(Pending { fd, temp: None }),
+                Err(Errno::OPNOTSUPP) | Err(Errno::ISDIR) | Err(Errno::INVAL) => {
+                    self.shared.unnamed_ok.store(false, Relaxed)
+                }
+                Err(e) => return Err(err(e)),
+            }
+        }
+        let tmp = TempName::new(&self.shared);
+        let fd = sluice_sys::create_excl_at(node.dst(), tmp.as_cstr(), perm).map_err(err)?;
+        Ok(Pending {
+            fd,
+            temp: Some(TempGuard::new(node.dst(), tmp)),
+        })
     }
 
     /// Applies metadata to a complete file and, with `--fsync`, makes it
@@ -367,7 +415,7 @@ impl Worker {
         let reuse = std::mem::take(&mut self.scratch.link);
         let target = sluice_sys::readlink_at(node.src.as_fd(), src_name, reuse)
             .map_err(|e| node.error(src_name, Side::Src, "readlink", Reason::Os(e)))?;
-        let tmp = TempName::new(self);
+        let tmp = TempName::new(&self.shared);
         let made = sluice_sys::symlink_at(&target, node.dst(), tmp.as_cstr());
         self.scratch.link = target.into_bytes();
         made.map_err(|e| node.error(dst_name, Side::Dst, "symlink", Reason::Os(e)))?;
@@ -386,7 +434,7 @@ impl Worker {
         dst_name: &CStr,
         st: &Stat,
     ) -> Result<(), EntryError> {
-        let tmp = TempName::new(self);
+        let tmp = TempName::new(&self.shared);
         sluice_sys::mknod_at(node.dst(), tmp.as_cstr(), st)
             .map_err(|e| node.error(dst_name, Side::Dst, "mknod", Reason::Os(e)))?;
         let guard = TempGuard::new(node.dst(), tmp);
@@ -489,7 +537,7 @@ impl Worker {
         to: &DirNode,
         to_name: &CStr,
     ) -> Result<(), EntryError> {
-        let tmp = TempName::new(self);
+        let tmp = TempName::new(&self.shared);
         sluice_sys::link_at(from_dir, from, to.dst(), tmp.as_cstr())
             .map_err(|e| to.error(to_name, Side::Dst, "link", Reason::Os(e)))?;
         TempGuard::new(to.dst(), tmp)
@@ -553,7 +601,7 @@ impl Worker {
     ) -> Result<Arc<BigFile>, EntryError> {
         let src = sluice_sys::open_read_at(node.src.as_fd(), src_name, false)
             .map_err(|e| node.error(src_name, Side::Src, "open", Reason::Os(e)))?;
-        let tmp = TempName::new(self);
+        let tmp = TempName::new(&self.shared);
         let dst = sluice_sys::create_excl_at(node.dst(), tmp.as_cstr(), st.perm() & 0o1777)
             .map_err(|e| node.error(dst_name, Side::Dst, "create temporary for", Reason::Os(e)))?;
         let guard = TempGuard::new(node.dst(), tmp);
@@ -725,9 +773,13 @@ fn copy_direct(
 ) -> Result<u64, (&'static str, Errno)> {
     let mut done = 0u64;
     while done < len {
-        let step = (len - done).min(buf.len() as u64) as usize;
+        // O_DIRECT lengths must be aligned too; at the end of the file the
+        // read comes back short.
+        let want = (len - done).next_multiple_of(sluice_sys::DIRECT_ALIGN as u64);
+        let step = want.min(buf.len() as u64) as usize;
         let n =
             sluice_sys::read_full_at(src, &mut buf[..step], off + done).map_err(|e| ("read", e))?;
+        let n = n.min((len - done) as usize);
         if n == 0 {
             break;
         }

@@ -191,6 +191,9 @@ pub(crate) struct Shared {
     pub kernel_copy_ok: AtomicBool,
     /// Cleared after the first clone the file systems refuse.
     pub clone_ok: AtomicBool,
+    /// Cleared when DST refuses `O_TMPFILE`.
+    pub unnamed_ok: AtomicBool,
+    pid: u32,
     tmp_seq: AtomicU64,
 }
 
@@ -233,11 +236,11 @@ impl Shared {
     /// Writes a fresh temporary name, unique across streams and runs, into
     /// `out` as a NUL-terminated string. Temporaries start with `.sluice-`
     /// and end with `.tmp`, so a later run recognises its leftovers.
-    pub fn temp_name(&self, out: &mut Vec<u8>) {
+    pub fn temp_name(&self, out: &mut [u8; 48]) {
         use std::io::Write;
         let n = self.tmp_seq.fetch_add(1, Relaxed);
-        out.clear();
-        let _ = write!(out, ".sluice-{:x}-{:x}.tmp\0", std::process::id(), n);
+        let mut cur = &mut out[..];
+        let _ = write!(cur, ".sluice-{:x}-{:x}.tmp\0", self.pid, n);
     }
 }
 
@@ -292,6 +295,8 @@ pub fn copy(
         root_dev: src_stat.dev,
         kernel_copy_ok: AtomicBool::new(opts.reflink != Reflink::Never),
         clone_ok: AtomicBool::new(opts.reflink != Reflink::Never),
+        unnamed_ok: AtomicBool::new(true),
+        pid: std::process::id(),
         tmp_seq: AtomicU64::new(0),
         opts,
     });

@@ -23,6 +23,8 @@ struct Lanes<T> {
     dirs: Vec<T>,
     /// Tasks queued or running; the job is complete when it reaches zero.
     outstanding: usize,
+    /// Streams waiting in `pop` for work.
+    idle: usize,
     closed: bool,
 }
 
@@ -42,6 +44,7 @@ impl<T> Queue<T> {
                 data: VecDeque::with_capacity(data_cap),
                 dirs: Vec::with_capacity(dir_cap),
                 outstanding: 0,
+                idle: 0,
                 closed: false,
             }),
             ready: Condvar::new(),
@@ -85,8 +88,17 @@ impl<T> Queue<T> {
                 self.ready.notify_all();
                 return None;
             }
+            l.idle += 1;
             l = self.ready.wait(l).expect("queue lock");
+            l.idle -= 1;
         }
+    }
+
+    /// True when some stream waits for work with nothing queued: handing it
+    /// work is better than keeping that work local.
+    pub fn has_idle(&self) -> bool {
+        let l = self.lanes.lock().expect("queue lock");
+        l.idle > 0 && l.data.is_empty() && l.dirs.is_empty()
     }
 
     /// Marks a popped task finished.

@@ -82,7 +82,6 @@ pub(crate) struct Scratch {
     pub buf: Option<AlignedBuf>,
     pub xattr_names: Vec<u8>,
     pub xattr_value: Vec<u8>,
-    pub tmp: Vec<u8>,
     pub link: Vec<u8>,
     stream: Option<DirStream>,
 }
@@ -112,7 +111,6 @@ impl Worker {
                 buf: None,
                 xattr_names: Vec::new(),
                 xattr_value: Vec::new(),
-                tmp: Vec::with_capacity(64),
                 link: Vec::new(),
                 stream: None,
             },
@@ -281,7 +279,16 @@ impl Worker {
                     batch.push(name, st);
                     if batch.entries.len() >= BATCH {
                         let full = std::mem::replace(&mut batch, FileBatch::new(node.clone()));
-                        self.spawn(Task::Files(full));
+                        // A directory's files stay on the stream that lists
+                        // it: streams creating files in one directory contend
+                        // for its lock (measured: half the CPU spent spinning
+                        // on it with 2 streams). Only idle streams are handed
+                        // a share, as in a single huge directory.
+                        if shared.queue.has_idle() {
+                            self.spawn(Task::Files(full));
+                        } else {
+                            self.run_task(Task::Files(full));
+                        }
                     }
                 }
             }
@@ -291,7 +298,7 @@ impl Worker {
             shared.fail(node.self_error(Side::Src, "read directory", Reason::Os(e)));
         }
         if !batch.entries.is_empty() {
-            self.spawn(Task::Files(batch));
+            self.run_task(Task::Files(batch));
         }
         self.scratch.stream = Some(stream);
     }

@@ -150,6 +150,41 @@ pub fn create_excl_at(dir: BorrowedFd<'_>, name: &CStr, perm: u32) -> Result<Own
     )
 }
 
+/// Creates an unnamed file in `dir` (`O_TMPFILE`): it has no name until
+/// [`link_unnamed`] gives it one, and vanishes by itself if the process dies
+/// first, so it can never be seen half-written. Creating it does not lock
+/// the directory, which matters when many streams write into one.
+/// File systems without `O_TMPFILE` answer `EOPNOTSUPP` or `EISDIR`.
+pub fn create_unnamed(dir: BorrowedFd<'_>, perm: u32) -> Result<OwnedFd> {
+    rustix::fs::openat(
+        dir,
+        c".",
+        OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC,
+        Mode::from_raw_mode(perm),
+    )
+}
+
+/// Gives an `O_TMPFILE` file the name `name` in `dir`; fails with `EEXIST`
+/// if the name is taken. `AT_EMPTY_PATH` needs `CAP_DAC_READ_SEARCH`;
+/// without it the `/proc/self/fd` link is used, as `open(2)` documents.
+pub fn link_unnamed(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
+    use rustix::fs::AtFlags;
+    match rustix::fs::linkat(fd, c"", dir, name, AtFlags::EMPTY_PATH) {
+        Err(Errno::NOENT) | Err(Errno::PERM) => {
+            use std::os::fd::AsRawFd;
+            let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+            rustix::fs::linkat(
+                rustix::fs::CWD,
+                proc_path.as_str(),
+                dir,
+                name,
+                AtFlags::SYMLINK_FOLLOW,
+            )
+        }
+        other => other,
+    }
+}
+
 /// Reopens a file we created for `O_DIRECT` writes at aligned offsets.
 pub fn reopen_direct(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
     rustix::fs::openat(

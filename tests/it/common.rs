@@ -1,0 +1,342 @@
+//! Helpers: building trees, running the binary, comparing trees.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn sluice() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+/// Runs `sluice copy SRC DST ARGS` and returns its output.
+pub fn copy(src: &Path, dst: &Path, args: &[&str]) -> Output {
+    sluice()
+        .arg("copy")
+        .arg(src)
+        .arg(dst)
+        .args(args)
+        .arg("--no-progress")
+        .output()
+        .expect("run sluice")
+}
+
+pub fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Asserts exit 0 and shows the output otherwise.
+pub fn ok(o: &Output) {
+    assert_eq!(
+        code(o),
+        0,
+        "sluice failed:\nstdout: {}\nstderr: {}",
+        stdout(o),
+        stderr(o)
+    );
+}
+
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// A scratch directory on the disk (under the cargo target dir, not /tmp,
+/// which may be tmpfs).
+pub fn disk_dir(name: &str) -> tempfile::TempDir {
+    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    tempfile::Builder::new()
+        .prefix(name)
+        .tempdir_in(base)
+        .expect("tempdir")
+}
+
+/// A scratch directory on tmpfs, if one is mounted at /dev/shm.
+pub fn tmpfs_dir(name: &str) -> Option<tempfile::TempDir> {
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        return None;
+    }
+    tempfile::Builder::new().prefix(name).tempdir_in(shm).ok()
+}
+
+pub fn write(path: &Path, data: &[u8]) {
+    if let Some(p) = path.parent() {
+        fs::create_dir_all(p).unwrap();
+    }
+    fs::write(path, data).unwrap();
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+pub fn set_mtime(path: &Path, sec: i64, nsec: i64) {
+    let times = rustix::fs::Timestamps {
+        last_access: rustix::fs::Timespec {
+            tv_sec: sec - 1000,
+            tv_nsec: nsec,
+        },
+        last_modification: rustix::fs::Timespec {
+            tv_sec: sec,
+            tv_nsec: nsec,
+        },
+    };
+    rustix::fs::utimensat(
+        rustix::fs::CWD,
+        path,
+        &times,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .unwrap();
+}
+
+pub fn run(cmd: &str, args: &[&str]) -> bool {
+    Command::new(cmd)
+        .args(args)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+pub fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {cmd}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Every entry's relative path under `root`, sorted, root excluded.
+pub fn entries(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            out.push(p.strip_prefix(root).unwrap().to_path_buf());
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn xattrs(path: &Path) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut names = vec![0u8; 65536];
+    let n = match rustix::fs::llistxattr(path, &mut names[..]) {
+        Ok(n) => n,
+        Err(_) => return Vec::new(),
+    };
+    let mut out = Vec::new();
+    for name in names[..n].split(|&b| b == 0).filter(|s| !s.is_empty()) {
+        let mut val = vec![0u8; 65536];
+        let name_os = OsStr::from_bytes(name);
+        if let Ok(len) = rustix::fs::lgetxattr(path, name_os, &mut val[..]) {
+            out.push((name.to_vec(), val[..len].to_vec()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// What must be identical between a source entry and its copy.
+#[derive(Debug, PartialEq)]
+struct Facts {
+    kind: String,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    size: u64,
+    mtime: (i64, i64),
+    rdev: u64,
+    target: Option<PathBuf>,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+fn facts(path: &Path, check_owner: bool) -> Facts {
+    let m = fs::symlink_metadata(path).unwrap();
+    let ft = m.file_type();
+    let kind = if ft.is_dir() {
+        "dir"
+    } else if ft.is_symlink() {
+        "symlink"
+    } else if ft.is_file() {
+        "file"
+    } else if ft.is_fifo() {
+        "fifo"
+    } else if ft.is_char_device() {
+        "chardev"
+    } else if ft.is_block_device() {
+        "blockdev"
+    } else {
+        "socket"
+    };
+    Facts {
+        kind: kind.into(),
+        mode: if ft.is_symlink() {
+            0
+        } else {
+            m.permissions().mode() & 0o7777
+        },
+        uid: if check_owner { m.uid() } else { 0 },
+        gid: if check_owner { m.gid() } else { 0 },
+        size: if ft.is_dir() || ft.is_symlink() {
+            0
+        } else {
+            m.size()
+        },
+        mtime: (m.mtime(), m.mtime_nsec()),
+        rdev: m.rdev(),
+        target: ft.is_symlink().then(|| fs::read_link(path).unwrap()),
+        xattrs: if ft.is_symlink() {
+            Vec::new()
+        } else {
+            xattrs(path)
+        },
+    }
+}
+
+/// Asserts that `dst` is an exact copy of `src`: same entries, kinds,
+/// modes, owners (when root), nanosecond mtimes, xattrs, file bytes,
+/// symlink targets, and the same hard-link grouping.
+pub fn assert_same_tree(src: &Path, dst: &Path) {
+    let a = entries(src);
+    let b = entries(dst);
+    assert_eq!(a, b, "entry lists differ");
+    let root = is_root();
+    let mut src_groups: HashMap<u64, Vec<PathBuf>> = HashMap::new();
+    let mut dst_groups: HashMap<u64, Vec<PathBuf>> = HashMap::new();
+    for rel in &a {
+        let (s, d) = (src.join(rel), dst.join(rel));
+        assert_eq!(
+            facts(&s, root),
+            facts(&d, root),
+            "metadata differs for {}",
+            rel.display()
+        );
+        let sm = fs::symlink_metadata(&s).unwrap();
+        if sm.is_file() {
+            assert!(
+                fs::read(&s).unwrap() == fs::read(&d).unwrap(),
+                "content differs for {}",
+                rel.display()
+            );
+            if sm.nlink() > 1 {
+                src_groups.entry(sm.ino()).or_default().push(rel.clone());
+                dst_groups
+                    .entry(fs::metadata(&d).unwrap().ino())
+                    .or_default()
+                    .push(rel.clone());
+            }
+        }
+    }
+    let mut sg: Vec<_> = src_groups.into_values().collect();
+    let mut dg: Vec<_> = dst_groups.into_values().collect();
+    sg.iter_mut().for_each(|g| g.sort());
+    dg.iter_mut().for_each(|g| g.sort());
+    sg.sort();
+    dg.sort();
+    assert_eq!(sg, dg, "hard-link groups differ");
+    let (sm, dm) = (fs::metadata(src).unwrap(), fs::metadata(dst).unwrap());
+    assert_eq!(
+        (sm.mtime(), sm.mtime_nsec()),
+        (dm.mtime(), dm.mtime_nsec()),
+        "root mtime differs"
+    );
+}
+
+/// No sluice temporaries anywhere under `root`.
+pub fn assert_no_temporaries(root: &Path) {
+    for rel in entries(root) {
+        let name = rel.file_name().unwrap().as_bytes();
+        assert!(
+            !(name.starts_with(b".sluice-") && name.ends_with(b".tmp")),
+            "leftover temporary {}",
+            rel.display()
+        );
+    }
+}
+
+/// A loop-mounted file system of `fstype`, unmounted and removed on drop.
+pub struct LoopFs {
+    pub mnt: tempfile::TempDir,
+    _img: tempfile::TempDir,
+}
+
+impl LoopFs {
+    /// Creates and mounts one; `None` (with the reason printed) when not
+    /// root or the tools are missing.
+    pub fn new(fstype: &str, size_mb: u64) -> Option<LoopFs> {
+        if !is_root() {
+            eprintln!("skipped: loop-mounting {fstype} needs root");
+            return None;
+        }
+        let mkfs = format!("mkfs.{fstype}");
+        if !have(&mkfs) {
+            eprintln!("skipped: {mkfs} not installed");
+            return None;
+        }
+        let img_dir = disk_dir("img");
+        let img = img_dir.path().join("fs.img");
+        let f = fs::File::create(&img).unwrap();
+        f.set_len(size_mb << 20).unwrap();
+        let img_s = img.to_str().unwrap();
+        let made = match fstype {
+            "ext4" => run(&mkfs, &["-q", "-F", img_s]),
+            "xfs" => run(&mkfs, &["-q", "-f", img_s]),
+            "btrfs" => run(&mkfs, &["-q", "-f", img_s]),
+            _ => run(&mkfs, &[img_s]),
+        };
+        assert!(made, "{mkfs} failed");
+        let mnt = disk_dir("mnt");
+        if !run(
+            "mount",
+            &["-o", "loop", img_s, mnt.path().to_str().unwrap()],
+        ) {
+            eprintln!("skipped: cannot loop-mount {fstype} here");
+            return None;
+        }
+        Some(LoopFs { mnt, _img: img_dir })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.mnt.path()
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.mnt.path())
+            .status();
+    }
+}

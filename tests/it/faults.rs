@@ -1,0 +1,187 @@
+//! Bad input and resource failures: clear message, right exit code,
+//! nothing partial under a final name.
+
+use crate::common::*;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+
+#[test]
+fn missing_source_is_exit_2() {
+    let t = disk_dir("missing");
+    let out = copy(&t.path().join("nope"), &t.path().join("dst"), &[]);
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("nope") && stderr(&out).contains("No such file"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!t.path().join("dst").exists());
+}
+
+#[test]
+fn overlapping_paths_are_refused() {
+    let t = disk_dir("overlap");
+    let src = t.path().join("src");
+    write(&src.join("f"), b"x");
+    for dst in [src.join("inside"), src.clone(), t.path().to_path_buf()] {
+        let out = copy(&src, &dst, &[]);
+        assert_eq!(code(&out), 2, "{}", stderr(&out));
+        assert!(stderr(&out).contains("overlap"), "{}", stderr(&out));
+    }
+    assert!(!src.join("inside").exists(), "refused copy still wrote");
+}
+
+#[test]
+fn bad_usage_is_exit_2() {
+    let out = sluice().args(["copy", "only-one-arg"]).output().unwrap();
+    assert_eq!(code(&out), 2);
+    let t = disk_dir("usage");
+    let out = copy(t.path(), &t.path().join("x"), &["--chunk-size", "12Q"]);
+    assert_eq!(code(&out), 2);
+    let out = copy(t.path(), &t.path().join("x"), &["--exclude", "a["]);
+    assert_eq!(code(&out), 2);
+}
+
+#[test]
+fn full_disk_stops_with_exit_2_and_nothing_partial() {
+    let Some(lfs) = LoopFs::new("ext4", 32) else {
+        return;
+    };
+    let t = disk_dir("full");
+    let src = t.path().join("src");
+    for i in 0..12 {
+        write(&src.join(format!("f{i:02}")), &bytes(4 << 20, i));
+    }
+    write(&src.join("z-big"), &bytes(40 << 20, 99));
+    let dst = lfs.path().join("dst");
+    let out = copy(&src, &dst, &["--chunk-size", "1M", "-j", "2"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("No space left"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("free space"),
+        "no hint in: {}",
+        stderr(&out)
+    );
+    assert_no_temporaries(&dst);
+    // Every file that made it is complete.
+    for e in fs::read_dir(&dst).unwrap().flatten() {
+        let name = e.file_name();
+        assert_eq!(
+            fs::read(e.path()).unwrap(),
+            fs::read(src.join(&name)).unwrap(),
+            "{name:?} is partial"
+        );
+    }
+}
+
+#[test]
+fn read_only_destination_is_exit_2() {
+    let Some(lfs) = LoopFs::new("ext4", 32) else {
+        return;
+    };
+    fs::create_dir(lfs.path().join("dst")).unwrap();
+    assert!(run(
+        "mount",
+        &["-o", "remount,ro", lfs.path().to_str().unwrap()]
+    ));
+    let t = disk_dir("ro");
+    write(&t.path().join("src/f"), b"data");
+    let out = copy(&t.path().join("src"), &lfs.path().join("dst"), &[]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("Read-only file system"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!lfs.path().join("dst/f").exists());
+}
+
+/// As an unprivileged user, unreadable files and directories are reported
+/// with their paths, everything else is copied, and the exit code is 1.
+#[test]
+fn unreadable_entries_are_reported_and_the_rest_copied() {
+    if !is_root() || !have("setpriv") {
+        eprintln!("skipped: needs root and setpriv to run sluice as nobody");
+        return;
+    }
+    let t = tempfile::Builder::new()
+        .prefix("unreadable")
+        .tempdir_in("/tmp")
+        .unwrap();
+    fs::set_permissions(t.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let src = t.path().join("src");
+    write(&src.join("ok.txt"), b"fine");
+    write(&src.join("secret.txt"), b"no");
+    write(&src.join("locked/inner"), b"no");
+    write(&src.join("open/visible"), b"yes");
+    fs::set_permissions(&src, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(src.join("secret.txt"), fs::Permissions::from_mode(0o000)).unwrap();
+    fs::set_permissions(src.join("locked"), fs::Permissions::from_mode(0o000)).unwrap();
+    let dst = t.path().join("dst");
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .args(["copy", "--no-progress"])
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("secret.txt") && err.contains("Permission denied"),
+        "{err}"
+    );
+    assert!(err.contains("locked"), "{err}");
+    assert_eq!(fs::read(dst.join("ok.txt")).unwrap(), b"fine");
+    assert_eq!(fs::read(dst.join("open/visible")).unwrap(), b"yes");
+    assert!(!dst.join("secret.txt").exists());
+    assert_no_temporaries(&dst);
+}
+
+/// SIGINT stops the job with exit 130 and no temporaries.
+#[test]
+fn sigint_exits_130_without_temporaries() {
+    let t = disk_dir("sigint");
+    let src = t.path().join("src");
+    for i in 0..4 {
+        write(&src.join(format!("big{i}")), &bytes(48 << 20, i));
+    }
+    let dst = t.path().join("dst");
+    let mut child = sluice()
+        .args([
+            "copy",
+            "--no-progress",
+            "-j",
+            "2",
+            "--chunk-size",
+            "1M",
+            "--fsync",
+        ])
+        .arg(&src)
+        .arg(&dst)
+        .spawn()
+        .unwrap();
+    // Wait until the copy has visibly started.
+    let start = std::time::Instant::now();
+    while !dst.exists() && start.elapsed().as_secs() < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&child),
+        rustix::process::Signal::INT,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    let code = status.code().unwrap_or(-1);
+    assert!(code == 130 || code == 0, "unexpected exit {code}");
+    assert_no_temporaries(&dst);
+    for e in fs::read_dir(&dst).unwrap().flatten() {
+        assert_eq!(
+            fs::read(e.path()).unwrap(),
+            fs::read(src.join(e.file_name())).unwrap(),
+            "partial file"
+        );
+    }
+}

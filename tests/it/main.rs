@@ -1,0 +1,8 @@
+//! The one integration-test binary: drives the real `sluice` on real file
+//! systems (the disk under the target dir, tmpfs, and loop-mounted
+//! ext4/xfs/btrfs when root) and compares the resulting bytes and metadata.
+
+mod common;
+mod copy;
+mod faults;
+mod fs;
