@@ -89,9 +89,13 @@ pub struct CopyArgs {
     /// Do not descend into directories on other file systems.
     #[arg(short = 'x', long)]
     pub one_file_system: bool,
-    /// Copy chunks of big files with O_DIRECT, bypassing the page cache.
-    #[arg(long)]
+    /// Copy files of 1 MiB and more with O_DIRECT, bypassing the page cache
+    /// (the default; falls back to buffered I/O where unsupported).
+    #[arg(long, overrides_with = "no_direct")]
     pub direct: bool,
+    /// Copy every file through the page cache.
+    #[arg(long)]
+    pub no_direct: bool,
     /// Share data blocks with the source where the file system can (xfs, btrfs).
     #[arg(long, value_enum, default_value = "auto")]
     pub reflink: ReflinkArg,
@@ -126,7 +130,7 @@ impl CopyArgs {
             filter,
             one_file_system: self.one_file_system,
             dry_run: self.dry_run,
-            direct: self.direct,
+            direct: !self.no_direct,
             reflink: match self.reflink {
                 ReflinkArg::Auto => Reflink::Auto,
                 ReflinkArg::Always => Reflink::Always,

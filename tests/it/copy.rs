@@ -261,7 +261,7 @@ fn chunked_copies_are_byte_identical_at_boundaries() {
     for args in [
         &["--chunk-size", "64K"][..],
         &["--chunk-size", "64K", "-j", "1"],
-        &["--chunk-size", "64K", "--direct"],
+        &["--chunk-size", "64K", "--no-direct"],
     ] {
         let dst = t.path().join(format!("dst{}", args.len()));
         let out = copy(&src, &dst, args);

@@ -39,7 +39,8 @@ pub struct CopyOptions {
     pub one_file_system: bool,
     /// Walk and count, write nothing.
     pub dry_run: bool,
-    /// Copy chunks of big files with `O_DIRECT`.
+    /// Copy files of 1 MiB and more with `O_DIRECT` where both file systems
+    /// allow it, bypassing the page cache.
     pub direct: bool,
     pub reflink: Reflink,
     /// fsync every file before its rename and every directory when done.
@@ -68,7 +69,7 @@ impl Default for CopyOptions {
             filter: Filter::default(),
             one_file_system: false,
             dry_run: false,
-            direct: false,
+            direct: true,
             reflink: Reflink::Auto,
             fsync: false,
             preserve_owner: root,

@@ -128,11 +128,8 @@ pub fn open_dir_path(path: &std::path::Path) -> Result<OwnedFd> {
 /// Opens a regular file below `dir` for reading, never through a symlink.
 /// `O_NOATIME` is tried first so a copy leaves the source's atime alone; it
 /// is refused for files the caller does not own, so it is retried without.
-pub fn open_read_at(dir: BorrowedFd<'_>, name: &CStr, direct: bool) -> Result<OwnedFd> {
-    let mut flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
-    if direct {
-        flags |= OFlags::DIRECT;
-    }
+pub fn open_read_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
     match rustix::fs::openat(dir, name, flags | OFlags::NOATIME, Mode::empty()) {
         Err(Errno::PERM) => rustix::fs::openat(dir, name, flags, Mode::empty()),
         other => other,
@@ -185,14 +182,16 @@ pub fn link_unnamed(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &CStr) -> Res
     }
 }
 
-/// Reopens a file we created for `O_DIRECT` writes at aligned offsets.
-pub fn reopen_direct(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
-    rustix::fs::openat(
-        dir,
-        name,
-        OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::DIRECT,
-        Mode::empty(),
-    )
+/// Switches an open file to or from `O_DIRECT` (Linux lets `F_SETFL`
+/// toggle it). File systems that cannot do direct I/O answer `EINVAL`.
+pub fn set_direct(fd: BorrowedFd<'_>, on: bool) -> Result<()> {
+    let flags = rustix::fs::fcntl_getfl(fd)?;
+    let flags = if on {
+        flags | OFlags::DIRECT
+    } else {
+        flags - OFlags::DIRECT
+    };
+    rustix::fs::fcntl_setfl(fd, flags)
 }
 
 /// `mkdirat`.
