@@ -301,7 +301,7 @@ impl Worker {
         dst: BorrowedFd<'_>,
         st: &Stat,
     ) -> Result<(), EntryError> {
-        if self.shared.opts.preserve_owner {
+        if self.shared.opts.preserve_owner && !node.creates_owned_by(st) {
             sluice_sys::set_owner(dst, st)
                 .map_err(|e| node.error(name, Side::Dst, "chown", Reason::Os(e)))?;
         }
@@ -482,7 +482,7 @@ impl Worker {
         st: &Stat,
     ) -> Result<(), EntryError> {
         let err = |op, e| node.error(dst_name, Side::Dst, op, Reason::Os(e));
-        if self.shared.opts.preserve_owner {
+        if self.shared.opts.preserve_owner && !node.creates_owned_by(st) {
             sluice_sys::set_owner_at(node.dst(), tmp.as_cstr(), st).map_err(|e| err("chown", e))?;
         }
         sluice_sys::set_times_at(node.dst(), tmp.as_cstr(), st).map_err(|e| err("set times", e))

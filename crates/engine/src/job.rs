@@ -302,6 +302,7 @@ pub fn copy(
         opts,
     });
     let root = Arc::new(DirNode {
+        creates_as: crate::tree::creates_as(roots.dst_fd.as_ref()),
         src: roots.src_fd,
         dst: roots.dst_fd,
         rel: Vec::new(),

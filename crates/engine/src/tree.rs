@@ -23,6 +23,10 @@ pub struct DirNode {
     pub rel: Vec<u8>,
     /// The source directory's metadata, applied on drop.
     pub stat: Stat,
+    /// Owner and group that entries created in the DST directory get
+    /// without a chown (our euid/egid; `None` if the directory is set-gid
+    /// or unknown, so every entry is chowned).
+    pub creates_as: Option<(u32, u32)>,
     /// Whether the metadata of this directory is ours to set (false for the
     /// parent of a single-file copy, which the job does not own).
     pub owned: bool,
@@ -40,6 +44,12 @@ impl DirNode {
             .as_ref()
             .expect("no destination in a dry run")
             .as_fd()
+    }
+
+    /// True when an entry created here already has `st`'s owner and group,
+    /// so the chown (a syscall and an inode write per file) can be skipped.
+    pub fn creates_owned_by(&self, st: &sluice_sys::Stat) -> bool {
+        self.creates_as == Some((st.uid, st.gid))
     }
 
     /// Path of a child relative to the roots.
@@ -98,4 +108,14 @@ impl Drop for DirNode {
                 .fail(self.self_error(Side::Dst, op, Reason::Os(e)));
         }
     }
+}
+
+/// What owner new entries in `dst` get: the creator's ids, unless the
+/// directory is set-gid (then the group is inherited).
+pub(crate) fn creates_as(dst: Option<&OwnedFd>) -> Option<(u32, u32)> {
+    let st = sluice_sys::stat_fd(dst?.as_fd()).ok()?;
+    if st.mode & 0o2000 != 0 {
+        return None;
+    }
+    Some(sluice_sys::effective_ids())
 }

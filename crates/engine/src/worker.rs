@@ -215,6 +215,7 @@ impl Worker {
         self.shared.stats.dirs_created.fetch_add(1, Relaxed);
         let descend = !self.shared.opts.one_file_system || st.dev == self.shared.root_dev;
         let node = Arc::new(DirNode {
+            creates_as: crate::tree::creates_as(dst.as_ref()),
             src,
             dst,
             rel: parent.child_rel(name),

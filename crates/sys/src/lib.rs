@@ -461,6 +461,14 @@ pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
+/// Effective user and group ids: the owner of entries this process creates.
+pub fn effective_ids() -> (u32, u32) {
+    (
+        rustix::process::geteuid().as_raw(),
+        rustix::process::getegid().as_raw(),
+    )
+}
+
 /// The device a descriptor lives on, for `--one-file-system` and overlap checks.
 pub fn dev_of(fd: BorrowedFd<'_>) -> Result<(u32, u32)> {
     Ok(stat_fd(fd)?.dev)
