@@ -496,3 +496,28 @@ fn readers_never_see_torn_files() {
     assert!(checks > 0, "the watcher never saw a file");
     assert_same_tree(&src, &dst);
 }
+
+/// `--one-file-system` keeps the mount point directory but not what is
+/// mounted on it.
+#[test]
+fn one_file_system_stops_at_mount_points() {
+    if !is_root() {
+        eprintln!("skipped: mounting a tmpfs inside SRC needs root");
+        return;
+    }
+    let t = disk_dir("onefs");
+    let src = t.path().join("src");
+    write(&src.join("here"), b"h");
+    fs::create_dir_all(src.join("mnt")).unwrap();
+    assert!(run("mount", &["-t", "tmpfs", "tmpfs", src.join("mnt").to_str().unwrap()]));
+    write(&src.join("mnt/there"), b"t");
+    let out = copy(&src, &t.path().join("one"), &["--one-file-system"]);
+    let all = copy(&src, &t.path().join("all"), &[]);
+    run("umount", &[src.join("mnt").to_str().unwrap()]);
+    ok(&out);
+    ok(&all);
+    assert!(t.path().join("one/here").exists());
+    assert!(t.path().join("one/mnt").is_dir());
+    assert!(!t.path().join("one/mnt/there").exists(), "crossed into another file system");
+    assert!(t.path().join("all/mnt/there").exists());
+}
