@@ -70,8 +70,16 @@ pub fn run_copy(args: CopyArgs) -> ExitCode {
         *printer.bar.lock().expect("bar lock") = Some(bar.clone());
         let (stats, done) = (stats.clone(), done.clone());
         std::thread::spawn(move || {
+            // The walk runs alongside the copy, so totals grow until it is
+            // over; an ETA is shown only once they held still for a second.
+            let (mut last_found, mut still_since) = (u64::MAX, Instant::now());
             while !done.load(Relaxed) {
-                bar.set_message(progress_line(&stats, start.elapsed()));
+                let found = stats.entries_found.load(Relaxed);
+                if found != last_found {
+                    (last_found, still_since) = (found, Instant::now());
+                }
+                let walk_settled = still_since.elapsed() >= Duration::from_secs(1);
+                bar.set_message(progress_line(&stats, start.elapsed(), walk_settled));
                 bar.tick();
                 std::thread::sleep(Duration::from_millis(200));
             }
@@ -98,6 +106,9 @@ pub fn run_copy(args: CopyArgs) -> ExitCode {
         Err(_) => (2, "failed"),
     };
     if let Err(e) = &result {
+        if args.json {
+            println!("{}", json!({"type": "fatal", "error": e.to_string()}));
+        }
         eprintln!("sluice: error: {e}");
         if let JobError::Fatal(_) = e {
             eprintln!("sluice: nothing partial was left under a final name");
@@ -117,6 +128,16 @@ pub fn run_copy(args: CopyArgs) -> ExitCode {
     ExitCode::from(code)
 }
 
+/// A per-second rate with sensible precision (`0.3`, `12`, `9285`).
+fn per_s(n: f64, elapsed: Duration) -> String {
+    let r = rate(n, elapsed);
+    if r < 10.0 {
+        format!("{r:.1}")
+    } else {
+        format!("{r:.0}")
+    }
+}
+
 fn rate(n: f64, elapsed: Duration) -> f64 {
     let s = elapsed.as_secs_f64();
     if s > 0.0 {
@@ -126,13 +147,15 @@ fn rate(n: f64, elapsed: Duration) -> f64 {
     }
 }
 
-fn progress_line(stats: &Stats, elapsed: Duration) -> String {
+fn progress_line(stats: &Stats, elapsed: Duration, walk_settled: bool) -> String {
     let done = stats.entries_done();
     let found = stats.entries_found.load(Relaxed);
     let bytes = stats.bytes_copied.load(Relaxed) as f64;
     let bytes_found = stats.bytes_found.load(Relaxed) as f64;
     let speed = rate(bytes, elapsed);
-    let eta = if speed > 0.0 && bytes_found > bytes {
+    let eta = if !walk_settled {
+        "  (still walking)".to_string()
+    } else if speed > 0.0 && bytes_found > bytes {
         let secs = ((bytes_found - bytes) / speed) as u64;
         format!(
             "  ETA {}:{:02}:{:02}",
@@ -144,11 +167,11 @@ fn progress_line(stats: &Stats, elapsed: Duration) -> String {
         String::new()
     };
     format!(
-        "{done}/{found} entries  {}/{}  {}/s  {:.0} files/s{eta}",
+        "{done}/{found} entries  {}/{}  {}/s  {} files/s{eta}",
         human_bytes(bytes),
         human_bytes(bytes_found),
         human_bytes(speed),
-        rate(stats.files_copied.load(Relaxed) as f64, elapsed),
+        per_s(stats.files_copied.load(Relaxed) as f64, elapsed),
     )
 }
 
@@ -195,10 +218,10 @@ pub fn summary_table(s: &Summary, dry_run: bool) -> String {
         t += &format!("{label:<14}{n:>14}\n");
     }
     t += &format!(
-        "time {:.2} s, {}/s, {:.0} files/s\n",
+        "time {:.2} s, {}/s, {} files/s\n",
         secs,
         human_bytes(rate(s.bytes_copied as f64, s.elapsed)),
-        rate(s.files_copied as f64, s.elapsed)
+        per_s(s.files_copied as f64, s.elapsed)
     );
     t
 }

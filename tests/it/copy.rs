@@ -509,7 +509,10 @@ fn one_file_system_stops_at_mount_points() {
     let src = t.path().join("src");
     write(&src.join("here"), b"h");
     fs::create_dir_all(src.join("mnt")).unwrap();
-    assert!(run("mount", &["-t", "tmpfs", "tmpfs", src.join("mnt").to_str().unwrap()]));
+    assert!(run(
+        "mount",
+        &["-t", "tmpfs", "tmpfs", src.join("mnt").to_str().unwrap()]
+    ));
     write(&src.join("mnt/there"), b"t");
     let out = copy(&src, &t.path().join("one"), &["--one-file-system"]);
     let all = copy(&src, &t.path().join("all"), &[]);
@@ -518,6 +521,9 @@ fn one_file_system_stops_at_mount_points() {
     ok(&all);
     assert!(t.path().join("one/here").exists());
     assert!(t.path().join("one/mnt").is_dir());
-    assert!(!t.path().join("one/mnt/there").exists(), "crossed into another file system");
+    assert!(
+        !t.path().join("one/mnt/there").exists(),
+        "crossed into another file system"
+    );
     assert!(t.path().join("all/mnt/there").exists());
 }

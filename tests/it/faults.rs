@@ -17,6 +17,18 @@ fn missing_source_is_exit_2() {
         stderr(&out)
     );
     assert!(!t.path().join("dst").exists());
+    // With --json the stream still ends with the summary, after a fatal line.
+    let out = copy(&t.path().join("nope"), &t.path().join("dst"), &["--json"]);
+    assert_eq!(code(&out), 2);
+    let lines: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0]["type"], "fatal");
+    assert!(lines[0]["error"].as_str().unwrap().contains("nope"));
+    assert_eq!(lines[1]["type"], "summary");
+    assert_eq!(lines[1]["outcome"], "failed");
 }
 
 #[test]
