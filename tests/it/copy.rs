@@ -88,46 +88,25 @@ fn deep_path(root: &Path) -> std::path::PathBuf {
     for c in rel.components() {
         let name = c.as_os_str();
         let _ = rustix::fs::mkdirat(&dir, name, rustix::fs::Mode::from_raw_mode(0o755));
-        dir = rustix::fs::openat(
-            &dir,
-            name,
-            rustix::fs::OFlags::DIRECTORY,
-            rustix::fs::Mode::empty(),
-        )
-        .unwrap()
-        .into();
+        dir = open_in(&dir, name, rustix::fs::OFlags::DIRECTORY).into();
     }
-    let fd = rustix::fs::openat(
-        &dir,
-        "leaf",
-        rustix::fs::OFlags::CREATE | rustix::fs::OFlags::WRONLY,
-        rustix::fs::Mode::from_raw_mode(0o644),
-    )
-    .unwrap();
-    rustix::io::write(&fd, b"deep").unwrap();
+    let flags = rustix::fs::OFlags::CREATE | rustix::fs::OFlags::WRONLY;
+    rustix::io::write(open_in(&dir, "leaf".as_ref(), flags), b"deep").unwrap();
     rel.join("leaf")
 }
 
+/// `openat(dir, name)` with mode 0644 for creation.
+fn open_in(dir: &fs::File, name: &OsStr, flags: rustix::fs::OFlags) -> std::os::fd::OwnedFd {
+    rustix::fs::openat(dir, name, flags, rustix::fs::Mode::from_raw_mode(0o644)).unwrap()
+}
+
 fn read_deep(root: &Path, rel: &Path) -> Vec<u8> {
-    let mut dir: fs::File = fs::File::open(root).unwrap();
+    let mut dir = fs::File::open(root).unwrap();
     let comps: Vec<_> = rel.components().collect();
     for c in &comps[..comps.len() - 1] {
-        dir = rustix::fs::openat(
-            &dir,
-            c.as_os_str(),
-            rustix::fs::OFlags::DIRECTORY,
-            rustix::fs::Mode::empty(),
-        )
-        .unwrap()
-        .into();
+        dir = open_in(&dir, c.as_os_str(), rustix::fs::OFlags::DIRECTORY).into();
     }
-    let fd = rustix::fs::openat(
-        &dir,
-        "leaf",
-        rustix::fs::OFlags::RDONLY,
-        rustix::fs::Mode::empty(),
-    )
-    .unwrap();
+    let fd = open_in(&dir, "leaf".as_ref(), rustix::fs::OFlags::RDONLY);
     let mut buf = [0u8; 16];
     let n = rustix::io::read(&fd, &mut buf).unwrap();
     buf[..n].to_vec()

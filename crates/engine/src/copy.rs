@@ -392,7 +392,6 @@ impl Worker {
     ) -> Result<u64, (&'static str, Errno)> {
         let end = off + len;
         let mut pos = off;
-        let mut copied = 0;
         while pos < end {
             let Some(data) = sluice_sys::next_data(src, pos).map_err(|e| ("seek data", e))? else {
                 break;
@@ -403,10 +402,9 @@ impl Worker {
             let hole = sluice_sys::next_hole(src, data)
                 .map_err(|e| ("seek hole", e))?
                 .min(end);
-            copied += self.copy_range(src, dst, data, hole - data)?;
+            self.copy_range(src, dst, data, hole - data)?;
             pos = hole;
         }
-        let _ = copied;
         // Holes count as copied: the caller checks a sparse source for
         // changes with a stat, since a shrunk file just ends in a hole here.
         Ok(len)
@@ -442,15 +440,11 @@ impl Worker {
         let reuse = std::mem::take(&mut self.scratch.link);
         let target = sluice_sys::readlink_at(node.src.as_fd(), src_name, reuse)
             .map_err(|e| node.error(src_name, Side::Src, "readlink", Reason::Os(e)))?;
-        let tmp = TempName::new(&self.shared);
-        let made = sluice_sys::symlink_at(&target, node.dst(), tmp.as_cstr());
+        let placed = self.place_at(node, dst_name, st, "symlink", |dir, tmp| {
+            sluice_sys::symlink_at(&target, dir, tmp)
+        });
         self.scratch.link = target.into_bytes();
-        made.map_err(|e| node.error(dst_name, Side::Dst, "symlink", Reason::Os(e)))?;
-        let guard = TempGuard::new(node.dst(), tmp);
-        self.finish_at(node, tmp, dst_name, st)?;
-        guard
-            .commit(dst_name)
-            .map_err(|e| node.error(dst_name, Side::Dst, "rename into place", Reason::Os(e)))?;
+        placed?;
         self.shared.stats.symlinks.fetch_add(1, Relaxed);
         Ok(())
     }
@@ -461,16 +455,32 @@ impl Worker {
         dst_name: &CStr,
         st: &Stat,
     ) -> Result<(), EntryError> {
+        self.place_at(node, dst_name, st, "mknod", |dir, tmp| {
+            sluice_sys::mknod_at(dir, tmp, st)
+        })?;
+        self.shared.stats.specials.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// Creates an entry that cannot be opened (symlink, FIFO, device) under
+    /// a temporary name with `make`, gives it owner and times, and renames
+    /// it over `dst_name`. On failure the temporary is removed.
+    fn place_at(
+        &self,
+        node: &DirNode,
+        dst_name: &CStr,
+        st: &Stat,
+        op: &'static str,
+        make: impl FnOnce(BorrowedFd<'_>, &CStr) -> Result<(), Errno>,
+    ) -> Result<(), EntryError> {
         let tmp = TempName::new(&self.shared);
-        sluice_sys::mknod_at(node.dst(), tmp.as_cstr(), st)
-            .map_err(|e| node.error(dst_name, Side::Dst, "mknod", Reason::Os(e)))?;
+        make(node.dst(), tmp.as_cstr())
+            .map_err(|e| node.error(dst_name, Side::Dst, op, Reason::Os(e)))?;
         let guard = TempGuard::new(node.dst(), tmp);
         self.finish_at(node, tmp, dst_name, st)?;
         guard
             .commit(dst_name)
-            .map_err(|e| node.error(dst_name, Side::Dst, "rename into place", Reason::Os(e)))?;
-        self.shared.stats.specials.fetch_add(1, Relaxed);
-        Ok(())
+            .map_err(|e| node.error(dst_name, Side::Dst, "rename into place", Reason::Os(e)))
     }
 
     /// Owner and times of an entry that cannot be opened (symlink, FIFO, device).
