@@ -32,7 +32,21 @@ impl Reporter for Printer {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "{line}");
         }
-        let msg = format!("sluice: error: {err}");
+        self.say(&format!("sluice: error: {err}"));
+    }
+
+    fn entry_skipped(&self, path: &[u8], why: &str) {
+        if self.json {
+            let line = json!({"type": "skipped", "path": escape(path), "reason": why});
+            let _ = writeln!(std::io::stdout().lock(), "{line}");
+        }
+        self.say(&format!("sluice: skipped {}: {why}", escape(path)));
+    }
+}
+
+impl Printer {
+    /// A line on stderr that does not tear the progress bar.
+    fn say(&self, msg: &str) {
         match &*self.bar.lock().expect("bar lock") {
             Some(bar) => bar.suspend(|| eprintln!("{msg}")),
             None => eprintln!("{msg}"),

@@ -506,3 +506,49 @@ fn one_file_system_stops_at_mount_points() {
     );
     assert!(t.path().join("all/mnt/there").exists());
 }
+
+/// Without root, a device node cannot be recreated: it is skipped and said
+/// so, and the job still succeeds.
+#[test]
+fn device_nodes_are_skipped_with_a_note_without_root() {
+    if !is_root() || !have("setpriv") {
+        eprintln!("skipped: needs root to make the node and setpriv to copy as nobody");
+        return;
+    }
+    let t = tempfile::Builder::new()
+        .prefix("devskip")
+        .tempdir_in("/tmp")
+        .unwrap();
+    fs::set_permissions(t.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let src = t.path().join("src");
+    write(&src.join("f"), b"x");
+    let dev = rustix::fs::makedev(1, 3);
+    let mode = rustix::fs::Mode::from_raw_mode(0o666);
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        src.join("null"),
+        rustix::fs::FileType::CharacterDevice,
+        mode,
+        dev,
+    )
+    .unwrap();
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .args(["copy", "--no-progress", "--json"])
+        .arg(&src)
+        .arg(t.path().join("dst"))
+        .output()
+        .unwrap();
+    ok(&out);
+    assert!(
+        stderr(&out).contains("skipped") && stderr(&out).contains("null"),
+        "{}",
+        stderr(&out)
+    );
+    let last: serde_json::Value =
+        serde_json::from_str(stdout(&out).lines().last().unwrap()).unwrap();
+    assert_eq!(last["files_skipped"], 1);
+    assert!(!t.path().join("dst/null").exists());
+    assert_eq!(fs::read(t.path().join("dst/f")).unwrap(), b"x");
+}

@@ -607,7 +607,7 @@ impl Worker {
             Ok(big) => {
                 let streams = chunks.min(self.shared.opts.jobs as u64);
                 for _ in 0..streams {
-                    self.spawn_chunk(big.clone());
+                    self.spawn(Task::Chunk(big.clone()));
                 }
             }
             Err(err) => {
@@ -616,15 +616,6 @@ impl Worker {
                 }
                 self.shared.fail(err);
             }
-        }
-    }
-
-    fn spawn_chunk(&mut self, big: Arc<BigFile>) {
-        if let Err(task) = self.shared.queue.push(Lane::Data, Task::Chunk(big)) {
-            let Task::Chunk(big) = task else {
-                unreachable!()
-            };
-            self.run_chunks(big);
         }
     }
 

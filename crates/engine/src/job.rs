@@ -158,9 +158,13 @@ pub enum Outcome {
     Interrupted,
 }
 
-/// Receives per-entry failures as they happen, from any stream.
+/// Receives per-entry events as they happen, from any stream.
 pub trait Reporter: Send + Sync {
+    /// An entry failed; the job goes on without it.
     fn entry_failed(&self, err: &EntryError);
+    /// An entry was not copied because it cannot be (a device node without
+    /// root, an unknown file type); `path` is its full source path.
+    fn entry_skipped(&self, path: &[u8], why: &str);
 }
 
 /// Hard-link bookkeeping for one source inode with more than one name.
@@ -199,6 +203,10 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    pub fn reporter(&self) -> &dyn Reporter {
+        &*self.reporter
+    }
+
     /// True once the job must stop: cancelled, or a fatal error.
     pub fn stopped(&self) -> bool {
         self.cancel.load(Relaxed)

@@ -126,7 +126,7 @@ impl Worker {
     }
 
     /// Queues a task, or runs it right here when the queue is full.
-    fn spawn(&mut self, task: Task) {
+    pub(crate) fn spawn(&mut self, task: Task) {
         if let Err(task) = self.shared.queue.push(task.lane(), task) {
             self.run_task(task);
         }
@@ -172,9 +172,12 @@ impl Worker {
         }
     }
 
+    /// Counts an entry that cannot be copied (not an error) and tells the
+    /// reporter why. Entries left out by `--exclude` are only counted.
     fn skip(&self, node: &DirNode, name: &CStr, why: &'static str) {
         self.shared.stats.skipped.fetch_add(1, Relaxed);
-        let _ = (node, name, why);
+        let path = self.shared.full_path(Side::Src, &node.child_rel(name));
+        self.shared.reporter().entry_skipped(&path, why);
     }
 
     /// Opens a subdirectory, creates its copy in DST, then lists it.
