@@ -197,3 +197,57 @@ fn sigint_exits_130_without_temporaries() {
         );
     }
 }
+
+/// A source file that changes while it is copied is reported, exit 1, and
+/// its torn copy never appears under the final name. strace holds the copy
+/// in its first write for two seconds while the test appends to the file.
+#[test]
+fn a_source_changed_during_its_copy_is_reported_not_committed() {
+    if !have("strace") {
+        eprintln!("skipped: strace is not installed");
+        return;
+    }
+    let t = disk_dir("changing");
+    let src = t.path().join("src");
+    write(&src.join("growing.bin"), &bytes(2 << 20, 5));
+    let dst = t.path().join("dst");
+    let child = Command::new("strace")
+        .args([
+            "-f",
+            "-o",
+            "/dev/null",
+            "-e",
+            "trace=pwrite64",
+            "-e",
+            "inject=pwrite64:delay_exit=2000000:when=1",
+        ])
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .args(["copy", "--no-progress", "-j", "1"])
+        .arg(&src)
+        .arg(&dst)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    {
+        use std::io::Write;
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(src.join("growing.bin"))
+            .unwrap();
+        f.write_all(b"appended while being copied").unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("changed during copy"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !dst.join("growing.bin").exists(),
+        "a torn copy was committed"
+    );
+    assert_no_temporaries(&dst);
+}
