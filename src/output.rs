@@ -75,29 +75,48 @@ pub fn run_copy(args: CopyArgs) -> ExitCode {
     });
     let start = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
+    // On a terminal a redrawn bar; when --progress is forced onto a pipe
+    // or file, one plain line every few seconds instead.
+    let on_terminal = std::io::stderr().is_terminal();
     let ticker = show_bar.then(|| {
-        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(5));
-        bar.set_style(
-            ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}")
-                .expect("valid template"),
-        );
-        *printer.bar.lock().expect("bar lock") = Some(bar.clone());
+        let bar = on_terminal.then(|| {
+            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(5));
+            bar.set_style(
+                ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}")
+                    .expect("valid template"),
+            );
+            *printer.bar.lock().expect("bar lock") = Some(bar.clone());
+            bar
+        });
         let (stats, done) = (stats.clone(), done.clone());
         std::thread::spawn(move || {
             // The walk runs alongside the copy, so totals grow until it is
             // over; an ETA is shown only once they held still for a second.
             let (mut last_found, mut still_since) = (u64::MAX, Instant::now());
+            let mut last_line = Instant::now();
             while !done.load(Relaxed) {
                 let found = stats.entries_found.load(Relaxed);
                 if found != last_found {
                     (last_found, still_since) = (found, Instant::now());
                 }
                 let walk_settled = still_since.elapsed() >= Duration::from_secs(1);
-                bar.set_message(progress_line(&stats, start.elapsed(), walk_settled));
-                bar.tick();
+                let line = progress_line(&stats, start.elapsed(), walk_settled);
+                match &bar {
+                    Some(bar) => {
+                        bar.set_message(line);
+                        bar.tick();
+                    }
+                    None if last_line.elapsed() >= Duration::from_secs(5) => {
+                        eprintln!("sluice: {line}");
+                        last_line = Instant::now();
+                    }
+                    None => {}
+                }
                 std::thread::sleep(Duration::from_millis(200));
             }
-            bar.finish_and_clear();
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
+            }
         })
     });
     let result = sluice_engine::copy(
