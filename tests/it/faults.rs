@@ -251,3 +251,44 @@ fn a_source_changed_during_its_copy_is_reported_not_committed() {
     );
     assert_no_temporaries(&dst);
 }
+
+/// An unwritable DST stops the job before it starts: exit 2, one message.
+#[test]
+fn unwritable_destination_is_exit_2() {
+    if !is_root() || !have("setpriv") {
+        eprintln!("skipped: needs root and setpriv to run sluice as nobody");
+        return;
+    }
+    let t = tempfile::Builder::new()
+        .prefix("unwritable")
+        .tempdir_in("/tmp")
+        .unwrap();
+    fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let src = t.path().join("src");
+    for i in 0..20 {
+        write(&src.join(format!("f{i}")), b"data");
+    }
+    fs::set_permissions(&src, fs::Permissions::from_mode(0o755)).unwrap();
+    let dst = t.path().join("dst");
+    fs::create_dir(&dst).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .args(["copy", "--no-progress"])
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("Permission denied"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        stderr(&out).lines().count(),
+        1,
+        "one message, not one per file: {}",
+        stderr(&out)
+    );
+}

@@ -426,7 +426,7 @@ impl Roots {
             None
         } else {
             std::fs::create_dir_all(dst).map_err(|e| dst_err(dst, e))?;
-            Some(sluice_sys::open_dir_path(dst).map_err(|e| dst_err(dst, e))?)
+            Some(writable_dir(dst)?)
         };
         Ok(Roots {
             src_path: src.to_owned(),
@@ -474,7 +474,7 @@ impl Roots {
             None
         } else {
             std::fs::create_dir_all(&dst_dir).map_err(|e| dst_err(&dst_dir, e))?;
-            Some(sluice_sys::open_dir_path(&dst_dir).map_err(|e| dst_err(&dst_dir, e))?)
+            Some(writable_dir(&dst_dir)?)
         };
         Ok(Roots {
             src_path: src_dir.to_owned(),
@@ -488,6 +488,15 @@ impl Roots {
             )),
         })
     }
+}
+
+/// Opens DST's root and checks that entries can be created in it: an
+/// unwritable or read-only DST stops the job before it starts (exit 2),
+/// rather than failing every entry one by one.
+fn writable_dir(dir: &Path) -> Result<OwnedFd, JobError> {
+    let fd = sluice_sys::open_dir_path(dir).map_err(|e| dst_err(dir, e))?;
+    sluice_sys::check_writable_dir(sluice_sys::fd(&fd)).map_err(|e| dst_err(dir, e))?;
+    Ok(fd)
 }
 
 fn cstring(b: &[u8]) -> CString {

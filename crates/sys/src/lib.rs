@@ -194,6 +194,18 @@ pub fn set_direct(fd: BorrowedFd<'_>, on: bool) -> Result<()> {
     rustix::fs::fcntl_setfl(fd, flags)
 }
 
+/// Fails unless this process may create entries in `dir` (write and
+/// search permission, a writable file system).
+pub fn check_writable_dir(dir: BorrowedFd<'_>) -> Result<()> {
+    use rustix::fs::{Access, AtFlags};
+    rustix::fs::accessat(
+        dir,
+        c".",
+        Access::WRITE_OK | Access::EXEC_OK,
+        AtFlags::EACCESS,
+    )
+}
+
 /// `mkdirat`.
 pub fn mkdir_at(dir: BorrowedFd<'_>, name: &CStr, perm: u32) -> Result<()> {
     rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(perm))
