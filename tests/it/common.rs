@@ -340,3 +340,32 @@ impl Drop for LoopFs {
             .status();
     }
 }
+
+/// A scratch directory in /tmp with `mode`, for tests that run sluice as
+/// `nobody`; `None` (with the reason printed) unless root with setpriv.
+pub fn nobody_dir(name: &str, mode: u32) -> Option<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt;
+    if !is_root() || !have("setpriv") {
+        eprintln!("skipped: needs root and setpriv to run sluice as nobody");
+        return None;
+    }
+    let t = tempfile::Builder::new()
+        .prefix(name)
+        .tempdir_in("/tmp")
+        .unwrap();
+    fs::set_permissions(t.path(), fs::Permissions::from_mode(mode)).unwrap();
+    Some(t)
+}
+
+/// Runs `sluice copy --no-progress ARGS SRC DST` as user `nobody`.
+pub fn copy_as_nobody(src: &Path, dst: &Path, args: &[&str]) -> Output {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .args(["copy", "--no-progress"])
+        .args(args)
+        .arg(src)
+        .arg(dst)
+        .output()
+        .expect("run sluice as nobody")
+}

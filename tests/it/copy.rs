@@ -511,15 +511,9 @@ fn one_file_system_stops_at_mount_points() {
 /// so, and the job still succeeds.
 #[test]
 fn device_nodes_are_skipped_with_a_note_without_root() {
-    if !is_root() || !have("setpriv") {
-        eprintln!("skipped: needs root to make the node and setpriv to copy as nobody");
+    let Some(t) = nobody_dir("devskip", 0o777) else {
         return;
-    }
-    let t = tempfile::Builder::new()
-        .prefix("devskip")
-        .tempdir_in("/tmp")
-        .unwrap();
-    fs::set_permissions(t.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    };
     let src = t.path().join("src");
     write(&src.join("f"), b"x");
     let dev = rustix::fs::makedev(1, 3);
@@ -532,14 +526,7 @@ fn device_nodes_are_skipped_with_a_note_without_root() {
         dev,
     )
     .unwrap();
-    let out = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(env!("CARGO_BIN_EXE_sluice"))
-        .args(["copy", "--no-progress", "--json"])
-        .arg(&src)
-        .arg(t.path().join("dst"))
-        .output()
-        .unwrap();
+    let out = copy_as_nobody(&src, &t.path().join("dst"), &["--json"]);
     ok(&out);
     assert!(
         stderr(&out).contains("skipped") && stderr(&out).contains("null"),

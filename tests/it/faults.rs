@@ -113,15 +113,9 @@ fn read_only_destination_is_exit_2() {
 /// with their paths, everything else is copied, and the exit code is 1.
 #[test]
 fn unreadable_entries_are_reported_and_the_rest_copied() {
-    if !is_root() || !have("setpriv") {
-        eprintln!("skipped: needs root and setpriv to run sluice as nobody");
+    let Some(t) = nobody_dir("unreadable", 0o777) else {
         return;
-    }
-    let t = tempfile::Builder::new()
-        .prefix("unreadable")
-        .tempdir_in("/tmp")
-        .unwrap();
-    fs::set_permissions(t.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    };
     let src = t.path().join("src");
     write(&src.join("ok.txt"), b"fine");
     write(&src.join("secret.txt"), b"no");
@@ -131,14 +125,7 @@ fn unreadable_entries_are_reported_and_the_rest_copied() {
     fs::set_permissions(src.join("secret.txt"), fs::Permissions::from_mode(0o000)).unwrap();
     fs::set_permissions(src.join("locked"), fs::Permissions::from_mode(0o000)).unwrap();
     let dst = t.path().join("dst");
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(env!("CARGO_BIN_EXE_sluice"))
-        .args(["copy", "--no-progress"])
-        .arg(&src)
-        .arg(&dst)
-        .output()
-        .unwrap();
+    let out = copy_as_nobody(&src, &dst, &[]);
     assert_eq!(code(&out), 1, "{}", stderr(&out));
     let err = stderr(&out);
     assert!(
@@ -255,15 +242,9 @@ fn a_source_changed_during_its_copy_is_reported_not_committed() {
 /// An unwritable DST stops the job before it starts: exit 2, one message.
 #[test]
 fn unwritable_destination_is_exit_2() {
-    if !is_root() || !have("setpriv") {
-        eprintln!("skipped: needs root and setpriv to run sluice as nobody");
+    let Some(t) = nobody_dir("unwritable", 0o755) else {
         return;
-    }
-    let t = tempfile::Builder::new()
-        .prefix("unwritable")
-        .tempdir_in("/tmp")
-        .unwrap();
-    fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    };
     let src = t.path().join("src");
     for i in 0..20 {
         write(&src.join(format!("f{i}")), b"data");
@@ -271,14 +252,7 @@ fn unwritable_destination_is_exit_2() {
     fs::set_permissions(&src, fs::Permissions::from_mode(0o755)).unwrap();
     let dst = t.path().join("dst");
     fs::create_dir(&dst).unwrap();
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
-        .arg(env!("CARGO_BIN_EXE_sluice"))
-        .args(["copy", "--no-progress"])
-        .arg(&src)
-        .arg(&dst)
-        .output()
-        .unwrap();
+    let out = copy_as_nobody(&src, &dst, &[]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(
         stderr(&out).contains("Permission denied"),
