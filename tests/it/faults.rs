@@ -266,3 +266,112 @@ fn unwritable_destination_is_exit_2() {
         stderr(&out)
     );
 }
+
+/// kill -9 in the middle of a chunked copy leaves a named temporary; the
+/// same command run again removes it and finishes with an identical tree.
+#[test]
+fn rerun_after_kill_9_cleans_temporaries_and_finishes() {
+    if !have("strace") {
+        eprintln!("skipped: strace is not installed");
+        return;
+    }
+    let t = disk_dir("kill9");
+    let src = t.path().join("src");
+    write(&src.join("a/big.bin"), &bytes(6 << 20, 1));
+    write(&src.join("a/small"), b"s");
+    write(&src.join("top"), b"t");
+    let dst = t.path().join("dst");
+    let args = ["--chunk-size", "1M", "-j", "2", "--no-direct"];
+    // strace kills sluice at its 3rd pwrite64: mid-way through big.bin.
+    let killed = Command::new("strace")
+        .args([
+            "-f",
+            "-o",
+            "/dev/null",
+            "-e",
+            "trace=pwrite64",
+            "-e",
+            "inject=pwrite64:signal=KILL:when=3",
+        ])
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .args(["copy", "--no-progress", "--reflink", "never"])
+        .args(args)
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert_ne!(
+        code(&killed),
+        0,
+        "sluice was not killed: {}",
+        stderr(&killed)
+    );
+    let leftovers = entries(&dst)
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".sluice-")
+        })
+        .count();
+    assert!(
+        leftovers > 0,
+        "the kill left no temporary; the test set-up is wrong"
+    );
+    let mut again = vec!["--reflink", "never"];
+    again.extend(args);
+    ok(&copy(&src, &dst, &again));
+    assert_no_temporaries(&dst);
+    assert_same_tree(&src, &dst);
+}
+
+/// A second run on a DST that another run is writing to fails fast.
+#[test]
+fn second_concurrent_run_on_one_destination_fails_fast() {
+    if !have("strace") {
+        eprintln!("skipped: strace is not installed");
+        return;
+    }
+    let t = disk_dir("lock");
+    let src = t.path().join("src");
+    write(&src.join("f.bin"), &bytes(2 << 20, 2));
+    let dst = t.path().join("dst");
+    // The first run is held for 2 s in its first write.
+    let first = Command::new("strace")
+        .args([
+            "-f",
+            "-o",
+            "/dev/null",
+            "-e",
+            "trace=pwrite64",
+            "-e",
+            "inject=pwrite64:delay_exit=2000000:when=1",
+        ])
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .args(["copy", "--no-progress"])
+        .arg(&src)
+        .arg(&dst)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let started = std::time::Instant::now();
+    let second = copy(&src, &dst, &[]);
+    assert_eq!(code(&second), 2, "{}", stderr(&second));
+    assert!(
+        stderr(&second).contains("another sluice run"),
+        "{}",
+        stderr(&second)
+    );
+    assert!(
+        started.elapsed().as_secs_f64() < 1.0,
+        "the second run waited instead of failing fast"
+    );
+    let first = first.wait_with_output().unwrap();
+    assert_eq!(code(&first), 0);
+    assert_eq!(fs::read(dst.join("f.bin")).unwrap(), bytes(2 << 20, 2));
+    // Once the first is done, DST is free again, and no lock file is left.
+    ok(&copy(&src, &dst, &[]));
+    assert_eq!(entries(&dst).len(), 1);
+}

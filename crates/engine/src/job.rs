@@ -4,7 +4,7 @@ use crate::error::{EntryError, JobError, Side};
 use crate::queue::Queue;
 use crate::tree::DirNode;
 use crate::worker::{Task, Worker};
-use sluice_sys::Stat;
+use sluice_sys::{Errno, Stat};
 use sluice_walk::Filter;
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -320,7 +320,7 @@ pub fn copy(
         shared: shared.clone(),
     });
     let first = match roots.single {
-        None => Task::List(root),
+        None => Task::List(root, roots.dst_existed),
         Some((src_name, dst_name, st)) => Task::Single {
             node: root,
             src_name,
@@ -366,6 +366,8 @@ struct Roots {
     dst_path: PathBuf,
     src_fd: OwnedFd,
     dst_fd: Option<OwnedFd>,
+    /// DST's root directory existed before this run.
+    dst_existed: bool,
     /// For a single-file copy: source name, destination name, source stat,
     /// with the fds above being their parent directories.
     single: Option<(CString, CString, Stat)>,
@@ -422,17 +424,32 @@ impl Roots {
             )));
         }
         let src_fd = sluice_sys::open_dir_path(src).map_err(|e| src_err(src, e))?;
+        let dst_existed = dst.is_dir();
         let dst_fd = if dry_run {
             None
         } else {
             std::fs::create_dir_all(dst).map_err(|e| dst_err(dst, e))?;
-            Some(writable_dir(dst)?)
+            let fd = writable_dir(dst)?;
+            // One writer per DST (guarantee 6). The lock lives on DST's own
+            // directory, so no lock file is ever left inside it.
+            match sluice_sys::try_lock(sluice_sys::fd(&fd)) {
+                Err(Errno::WOULDBLOCK) => {
+                    return Err(JobError::Usage(format!(
+                        "another sluice run is writing to {}; wait for it to finish",
+                        dst.display()
+                    )))
+                }
+                Err(e) => return Err(dst_err(dst, e)),
+                Ok(()) => {}
+            }
+            Some(fd)
         };
         Ok(Roots {
             src_path: src.to_owned(),
             dst_path: dst.to_owned(),
             src_fd,
             dst_fd,
+            dst_existed: dst_existed && !dry_run,
             single: None,
         })
     }
@@ -481,6 +498,7 @@ impl Roots {
             dst_path: dst_dir,
             src_fd,
             dst_fd,
+            dst_existed: false,
             single: Some((
                 cstring(src_name.as_bytes()),
                 cstring(dst_name.as_bytes()),

@@ -1,7 +1,7 @@
 //! One stream of the pool: takes tasks from the queue and runs them.
 
 use crate::copy::BigFile;
-use crate::error::{Reason, Side};
+use crate::error::{EntryError, Reason, Side};
 use crate::job::Shared;
 use crate::plan::{self, Action};
 use crate::queue::Lane;
@@ -9,7 +9,7 @@ use crate::tree::DirNode;
 use sluice_sys::{AlignedBuf, Stat};
 use sluice_walk::DirStream;
 use std::ffi::{CStr, CString};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -19,8 +19,9 @@ const BATCH: usize = 128;
 
 /// A unit of work on the queue.
 pub(crate) enum Task {
-    /// List an already opened directory pair (the roots).
-    List(Arc<DirNode>),
+    /// List an already opened directory pair (the roots); the flag says
+    /// DST existed before, so an interrupted run may have left temporaries.
+    List(Arc<DirNode>, bool),
     /// Open, create in DST, then list a subdirectory.
     Dir {
         parent: Arc<DirNode>,
@@ -43,7 +44,7 @@ pub(crate) enum Task {
 impl Task {
     fn lane(&self) -> Lane {
         match self {
-            Task::List(_) | Task::Dir { .. } => Lane::Dir,
+            Task::List(..) | Task::Dir { .. } => Lane::Dir,
             _ => Lane::Data,
         }
     }
@@ -137,7 +138,12 @@ impl Worker {
             return; // dropping the task releases its directories and temporaries
         }
         match task {
-            Task::List(node) => self.list(node),
+            Task::List(node, existed) => {
+                if existed {
+                    self.remove_leftovers(&node.rel, node.dst());
+                }
+                self.list(node)
+            }
             Task::Dir { parent, name, st } => self.enter_dir(parent, &name, st),
             Task::Files(batch) => {
                 for &(start, st) in &batch.entries {
@@ -195,18 +201,23 @@ impl Worker {
         } else {
             // Created owner-only, so nobody sees its contents before its
             // real mode is applied when it is finished.
-            match sluice_sys::mkdir_at(parent.dst(), name, 0o700) {
-                Ok(()) | Err(sluice_sys::Errno::EXIST) => {}
+            let existed = match sluice_sys::mkdir_at(parent.dst(), name, 0o700) {
+                Ok(()) => false,
+                Err(sluice_sys::Errno::EXIST) => true,
                 Err(e) => return sh.fail(parent.error(name, Side::Dst, "mkdir", Reason::Os(e))),
-            }
+            };
             // O_NOFOLLOW|O_DIRECTORY: a symlink or file in the way is an
             // error, never a way out of DST.
-            match sluice_sys::open_dir_at(parent.dst(), name) {
-                Ok(fd) => Some(fd),
+            let fd = match sluice_sys::open_dir_at(parent.dst(), name) {
+                Ok(fd) => fd,
                 Err(e) => {
                     return sh.fail(parent.error(name, Side::Dst, "open directory", Reason::Os(e)))
                 }
+            };
+            if existed {
+                self.remove_leftovers(&parent.child_rel(name), fd.as_fd());
             }
+            Some(fd)
         };
         if let Some(dst) = &dst {
             if let Err(err) =
@@ -229,6 +240,40 @@ impl Worker {
         });
         if descend {
             self.list(node);
+        }
+    }
+
+    /// Removes temporaries an interrupted earlier run left in a DST
+    /// directory that already existed. Safe because this run holds DST's
+    /// lock, so no other sluice is writing there; costs one extra listing
+    /// per pre-existing directory, none on a first copy.
+    pub(crate) fn remove_leftovers(&mut self, rel: &[u8], dst: BorrowedFd<'_>) {
+        let mut stream = self.scratch.stream.take().unwrap_or_default();
+        let mut stale = Vec::new();
+        let res = stream.for_each(dst, |entry| {
+            if sluice_sys::is_temp_name(entry.name.to_bytes()) {
+                stale.push(entry.name.to_owned());
+            }
+            true
+        });
+        self.scratch.stream = Some(stream);
+        let fail = |op, e| {
+            self.shared.fail(EntryError {
+                path: self.shared.full_path(Side::Dst, rel),
+                side: Side::Dst,
+                op,
+                reason: Reason::Os(e),
+            })
+        };
+        if let Err(e) = res {
+            return fail("list for leftovers", e);
+        }
+        for name in stale {
+            if let Err(e) = sluice_sys::unlink_at(dst, &name) {
+                if e != sluice_sys::Errno::NOENT {
+                    fail("remove leftover temporary", e);
+                }
+            }
         }
     }
 

@@ -206,6 +206,27 @@ pub fn check_writable_dir(dir: BorrowedFd<'_>) -> Result<()> {
     )
 }
 
+/// Takes an exclusive `flock` on an open directory without waiting;
+/// `EWOULDBLOCK` means another process holds it. Released when every
+/// descriptor sharing this open file is closed, so a crash releases it too.
+pub fn try_lock(fd: BorrowedFd<'_>) -> Result<()> {
+    rustix::fs::flock(fd, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+}
+
+/// Whether `name` has the shape of a sluice temporary, `.sluice-<hex>-<hex>.tmp`.
+pub fn is_temp_name(name: &[u8]) -> bool {
+    let Some(mid) = name
+        .strip_prefix(b".sluice-")
+        .and_then(|n| n.strip_suffix(b".tmp"))
+    else {
+        return false;
+    };
+    let mut parts = mid.split(|&b| b == b'-');
+    let hex =
+        |p: Option<&[u8]>| p.is_some_and(|p| !p.is_empty() && p.iter().all(u8::is_ascii_hexdigit));
+    hex(parts.next()) && hex(parts.next()) && parts.next().is_none()
+}
+
 /// `mkdirat`.
 pub fn mkdir_at(dir: BorrowedFd<'_>, name: &CStr, perm: u32) -> Result<()> {
     rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(perm))
@@ -489,4 +510,20 @@ pub fn dev_of(fd: BorrowedFd<'_>) -> Result<(u32, u32)> {
 /// Borrow helper so callers can pass `&OwnedFd` where a `BorrowedFd` is wanted.
 pub fn fd<F: AsFd>(f: &F) -> BorrowedFd<'_> {
     f.as_fd()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_temp_name;
+
+    #[test]
+    fn temp_names_are_recognised_exactly() {
+        assert!(is_temp_name(b".sluice-1a2b-0.tmp"));
+        assert!(is_temp_name(b".sluice-ff-12ab.tmp"));
+        assert!(!is_temp_name(b".sluice-1a2b.tmp"));
+        assert!(!is_temp_name(b".sluice--1.tmp"));
+        assert!(!is_temp_name(b".sluice-xyz-1.tmp"));
+        assert!(!is_temp_name(b"sluice-1-2.tmp"));
+        assert!(!is_temp_name(b".sluice-1-2.tmp.bak"));
+    }
 }
