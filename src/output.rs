@@ -258,3 +258,51 @@ pub fn summary_table(s: &Summary, dry_run: bool) -> String {
     );
     t
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Summary {
+        Summary {
+            files_copied: 200_000,
+            bytes_copied: 204_800_000,
+            dirs_created: 421,
+            symlinks: 3,
+            hardlinks: 2,
+            specials: 1,
+            files_skipped: 4,
+            errors: 5,
+            elapsed: Duration::from_millis(21_540),
+        }
+    }
+
+    #[test]
+    fn summary_table_snapshot() {
+        let want = concat!(
+            "                     entries         bytes\n",
+            "files copied          200000     195.3 MiB\n",
+            "directories              421\n",
+            "symlinks                   3\n",
+            "hard links                 2\n",
+            "special files              1\n",
+            "skipped                    4\n",
+            "failed                     5\n",
+            "time 21.54 s, 9.1 MiB/s, 9285 files/s\n",
+        );
+        assert_eq!(summary_table(&sample(), false), want);
+    }
+
+    #[test]
+    fn summary_json_snapshot() {
+        let got = summary_json(&sample(), "partial").to_string();
+        let want = r#"{"type":"summary","outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":4,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_per_s":9285.0,"bytes_per_s":9507892.0}"#;
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn small_rates_keep_a_decimal() {
+        assert_eq!(per_s(1.0, Duration::from_secs(8)), "0.1");
+        assert_eq!(per_s(100.0, Duration::from_secs(8)), "12");
+    }
+}
