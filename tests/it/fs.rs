@@ -52,12 +52,18 @@ fn reflink_always_clones_where_possible() {
         };
         let src = lfs.path().join("src");
         write(&src.join("data.bin"), &bytes(1 << 20, 4));
+        write(&src.join("chunked.bin"), &bytes(3 << 20, 6));
         let dst = lfs.path().join("dst");
-        let out = copy(&src, &dst, &["--reflink", "always"]);
+        let out = copy(&src, &dst, &["--reflink", "always", "--chunk-size", "1M"]);
         if clones {
             ok(&out);
             assert_eq!(fs::read(dst.join("data.bin")).unwrap(), bytes(1 << 20, 4));
+            assert_eq!(
+                fs::read(dst.join("chunked.bin")).unwrap(),
+                bytes(3 << 20, 6)
+            );
         } else {
+            assert!(!dst.join("chunked.bin").exists(), "a failed clone left a big file");
             assert_eq!(code(&out), 1, "{fstype}: {}", stderr(&out));
             assert!(stderr(&out).contains("clone"), "{}", stderr(&out));
             assert!(!dst.join("data.bin").exists(), "a failed clone left a file");

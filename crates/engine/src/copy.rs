@@ -639,15 +639,17 @@ impl Worker {
             .map_err(|e| node.error(dst_name, Side::Dst, "create temporary for", Reason::Os(e)))?;
         let guard = TempGuard::new(node.dst(), tmp);
         let err = |op, e| node.error(dst_name, Side::Dst, op, Reason::Os(e));
-        sluice_sys::set_len(dst.as_fd(), st.size).map_err(|e| err("truncate", e))?;
-        if !st.is_sparse() {
+        let cloned = self
+            .try_clone(src.as_fd(), dst.as_fd())
+            .map_err(|(op, e)| err(op, e))?;
+        if !cloned {
+            sluice_sys::set_len(dst.as_fd(), st.size).map_err(|e| err("truncate", e))?;
+        }
+        if !cloned && !st.is_sparse() {
             // Reserving the space up front finds a full disk before any
             // chunk is written and lets the file system lay it out in one piece.
             sluice_sys::preallocate(dst.as_fd(), st.size).map_err(|e| err("allocate", e))?;
         }
-        let cloned = self
-            .try_clone(src.as_fd(), dst.as_fd())
-            .map_err(|(op, e)| err(op, e))?;
         let direct = !cloned && self.use_direct(src.as_fd(), dst.as_fd(), st);
         std::mem::forget(guard); // BigFile's Drop owns the temporary from here
         let big = Arc::new(BigFile {
