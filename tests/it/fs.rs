@@ -63,7 +63,10 @@ fn reflink_always_clones_where_possible() {
                 bytes(3 << 20, 6)
             );
         } else {
-            assert!(!dst.join("chunked.bin").exists(), "a failed clone left a big file");
+            assert!(
+                !dst.join("chunked.bin").exists(),
+                "a failed clone left a big file"
+            );
             assert_eq!(code(&out), 1, "{fstype}: {}", stderr(&out));
             assert!(stderr(&out).contains("clone"), "{}", stderr(&out));
             assert!(!dst.join("data.bin").exists(), "a failed clone left a file");
