@@ -1,4 +1,4 @@
-//! Sizes and rates as users write them: `64M`, `1G`, `1GiB`, `500MB`, `100MB/s`.
+//! Sizes as users write them: `64M`, `1G`, `1GiB`, `500MB`.
 //!
 //! A bare letter or `iB` is binary (`64M` = 64 MiB, as in dd and rsync); a
 //! letter followed by `B` alone is decimal (`500MB` = 500,000,000). A plain
@@ -38,12 +38,6 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(v as u64)
 }
 
-/// Parses a rate in bytes per second; a trailing `/s` is optional.
-#[allow(dead_code)] // used by --bwlimit once it lands (issue 5)
-pub fn parse_rate(s: &str) -> Result<u64, String> {
-    parse_size(s.trim().trim_end_matches("/s"))
-}
-
 /// Renders bytes with a binary unit, e.g. `1.5 GiB`.
 pub fn human_bytes(b: f64) -> String {
     const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
@@ -72,7 +66,6 @@ mod tests {
         assert_eq!(parse_size("500MB").unwrap(), 500_000_000);
         assert_eq!(parse_size("4096").unwrap(), 4096);
         assert_eq!(parse_size("1.5K").unwrap(), 1536);
-        assert_eq!(parse_rate("100MB/s").unwrap(), 100_000_000);
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("").is_err());
     }

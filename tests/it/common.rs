@@ -369,3 +369,24 @@ pub fn copy_as_nobody(src: &Path, dst: &Path, args: &[&str]) -> Output {
         .output()
         .expect("run sluice as nobody")
 }
+
+/// `sluice copy --no-progress ARGS SRC DST` run under strace with one
+/// `inject` rule on `pwrite64` (e.g. `delay_exit=2000000:when=1` to hold the
+/// first write, `signal=KILL:when=3` to kill at the third). Returns the
+/// command for the caller to run; `None`, with the reason printed, when
+/// strace is missing.
+pub fn copy_under_strace(inject: &str, src: &Path, dst: &Path, args: &[&str]) -> Option<Command> {
+    if !have("strace") {
+        eprintln!("skipped: strace is not installed");
+        return None;
+    }
+    let mut cmd = Command::new("strace");
+    cmd.args(["-f", "-o", "/dev/null", "-e", "trace=pwrite64", "-e"])
+        .arg(format!("inject=pwrite64:{inject}"))
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .args(["copy", "--no-progress"])
+        .args(args)
+        .arg(src)
+        .arg(dst);
+    Some(cmd)
+}

@@ -4,7 +4,6 @@
 use crate::common::*;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::process::Command;
 
 #[test]
 fn missing_source_is_exit_2() {
@@ -174,7 +173,7 @@ fn sigint_exits_130_without_temporaries() {
     .unwrap();
     let status = child.wait().unwrap();
     let code = status.code().unwrap_or(-1);
-    assert!(code == 130 || code == 0, "unexpected exit {code}");
+    assert_eq!(code, 130, "SIGINT must stop the copy with exit 130");
     assert_no_temporaries(&dst);
     for e in fs::read_dir(&dst).unwrap().flatten() {
         assert_eq!(
@@ -190,28 +189,15 @@ fn sigint_exits_130_without_temporaries() {
 /// in its first write for two seconds while the test appends to the file.
 #[test]
 fn a_source_changed_during_its_copy_is_reported_not_committed() {
-    if !have("strace") {
-        eprintln!("skipped: strace is not installed");
-        return;
-    }
     let t = disk_dir("changing");
     let src = t.path().join("src");
     write(&src.join("growing.bin"), &bytes(2 << 20, 5));
     let dst = t.path().join("dst");
-    let child = Command::new("strace")
-        .args([
-            "-f",
-            "-o",
-            "/dev/null",
-            "-e",
-            "trace=pwrite64",
-            "-e",
-            "inject=pwrite64:delay_exit=2000000:when=1",
-        ])
-        .arg(env!("CARGO_BIN_EXE_sluice"))
-        .args(["copy", "--no-progress", "-j", "1"])
-        .arg(&src)
-        .arg(&dst)
+    let Some(mut cmd) = copy_under_strace("delay_exit=2000000:when=1", &src, &dst, &["-j", "1"])
+    else {
+        return;
+    };
+    let child = cmd
         .stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -271,10 +257,6 @@ fn unwritable_destination_is_exit_2() {
 /// same command run again removes it and finishes with an identical tree.
 #[test]
 fn rerun_after_kill_9_cleans_temporaries_and_finishes() {
-    if !have("strace") {
-        eprintln!("skipped: strace is not installed");
-        return;
-    }
     let t = disk_dir("kill9");
     let src = t.path().join("src");
     write(&src.join("a/big.bin"), &bytes(6 << 20, 1));
@@ -283,23 +265,12 @@ fn rerun_after_kill_9_cleans_temporaries_and_finishes() {
     let dst = t.path().join("dst");
     let args = ["--chunk-size", "1M", "-j", "2", "--no-direct"];
     // strace kills sluice at its 3rd pwrite64: mid-way through big.bin.
-    let killed = Command::new("strace")
-        .args([
-            "-f",
-            "-o",
-            "/dev/null",
-            "-e",
-            "trace=pwrite64",
-            "-e",
-            "inject=pwrite64:signal=KILL:when=3",
-        ])
-        .arg(env!("CARGO_BIN_EXE_sluice"))
-        .args(["copy", "--no-progress", "--reflink", "never"])
-        .args(args)
-        .arg(&src)
-        .arg(&dst)
-        .output()
-        .unwrap();
+    let mut killed_args = vec!["--reflink", "never"];
+    killed_args.extend(args);
+    let Some(mut cmd) = copy_under_strace("signal=KILL:when=3", &src, &dst, &killed_args) else {
+        return;
+    };
+    let killed = cmd.output().unwrap();
     assert_ne!(
         code(&killed),
         0,
@@ -319,9 +290,7 @@ fn rerun_after_kill_9_cleans_temporaries_and_finishes() {
         leftovers > 0,
         "the kill left no temporary; the test set-up is wrong"
     );
-    let mut again = vec!["--reflink", "never"];
-    again.extend(args);
-    ok(&copy(&src, &dst, &again));
+    ok(&copy(&src, &dst, &killed_args));
     assert_no_temporaries(&dst);
     assert_same_tree(&src, &dst);
 }
@@ -329,32 +298,15 @@ fn rerun_after_kill_9_cleans_temporaries_and_finishes() {
 /// A second run on a DST that another run is writing to fails fast.
 #[test]
 fn second_concurrent_run_on_one_destination_fails_fast() {
-    if !have("strace") {
-        eprintln!("skipped: strace is not installed");
-        return;
-    }
     let t = disk_dir("lock");
     let src = t.path().join("src");
     write(&src.join("f.bin"), &bytes(2 << 20, 2));
     let dst = t.path().join("dst");
     // The first run is held for 2 s in its first write.
-    let first = Command::new("strace")
-        .args([
-            "-f",
-            "-o",
-            "/dev/null",
-            "-e",
-            "trace=pwrite64",
-            "-e",
-            "inject=pwrite64:delay_exit=2000000:when=1",
-        ])
-        .arg(env!("CARGO_BIN_EXE_sluice"))
-        .args(["copy", "--no-progress"])
-        .arg(&src)
-        .arg(&dst)
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let Some(mut cmd) = copy_under_strace("delay_exit=2000000:when=1", &src, &dst, &[]) else {
+        return;
+    };
+    let first = cmd.stdout(std::process::Stdio::null()).spawn().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(700));
     let started = std::time::Instant::now();
     let second = copy(&src, &dst, &[]);

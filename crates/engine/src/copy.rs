@@ -181,6 +181,10 @@ impl Worker {
                 stats.bytes_copied.fetch_add(st.size, Relaxed);
                 Ok(())
             }
+            FileType::Symlink if self.shared.opts.dry_run => {
+                stats.symlinks.fetch_add(1, Relaxed);
+                Ok(())
+            }
             _ if self.shared.opts.dry_run => {
                 stats.specials.fetch_add(1, Relaxed);
                 Ok(())

@@ -226,6 +226,22 @@ impl Shared {
         self.reporter.entry_failed(&err);
     }
 
+    /// An entry failure for the entry at `rel` (relative to the roots).
+    pub fn error(
+        &self,
+        side: Side,
+        rel: &[u8],
+        op: &'static str,
+        reason: crate::Reason,
+    ) -> EntryError {
+        EntryError {
+            path: self.full_path(side, rel),
+            side,
+            op,
+            reason,
+        }
+    }
+
     /// The full path of an entry given relative to the roots.
     pub fn full_path(&self, side: Side, rel: &[u8]) -> Vec<u8> {
         let root = match side {

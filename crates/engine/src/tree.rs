@@ -66,23 +66,12 @@ impl DirNode {
 
     /// An error about a child entry, with its full path.
     pub fn error(&self, name: &CStr, side: Side, op: &'static str, reason: Reason) -> EntryError {
-        let rel = self.child_rel(name);
-        EntryError {
-            path: self.shared.full_path(side, &rel),
-            side,
-            op,
-            reason,
-        }
+        self.shared.error(side, &self.child_rel(name), op, reason)
     }
 
     /// An error about this directory itself.
     pub fn self_error(&self, side: Side, op: &'static str, reason: Reason) -> EntryError {
-        EntryError {
-            path: self.shared.full_path(side, &self.rel),
-            side,
-            op,
-            reason,
-        }
+        self.shared.error(side, &self.rel, op, reason)
     }
 
     fn finish(&self) -> Result<(), (&'static str, sluice_sys::Errno)> {

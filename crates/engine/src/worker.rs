@@ -1,7 +1,7 @@
 //! One stream of the pool: takes tasks from the queue and runs them.
 
 use crate::copy::BigFile;
-use crate::error::{EntryError, Reason, Side};
+use crate::error::{Reason, Side};
 use crate::job::Shared;
 use crate::plan::{self, Action};
 use crate::queue::Lane;
@@ -258,12 +258,8 @@ impl Worker {
         });
         self.scratch.stream = Some(stream);
         let fail = |op, e| {
-            self.shared.fail(EntryError {
-                path: self.shared.full_path(Side::Dst, rel),
-                side: Side::Dst,
-                op,
-                reason: Reason::Os(e),
-            })
+            self.shared
+                .fail(self.shared.error(Side::Dst, rel, op, Reason::Os(e)))
         };
         if let Err(e) = res {
             return fail("list for leftovers", e);

@@ -25,14 +25,4 @@ impl AlignedBuf {
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.raw[self.start..self.start + self.len]
     }
-
-    /// Usable length.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Never true; present for API symmetry with slices.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }

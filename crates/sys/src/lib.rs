@@ -247,11 +247,6 @@ pub fn unlink_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
     rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::empty())
 }
 
-/// Removes an empty directory.
-pub fn rmdir_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
-    rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::REMOVEDIR)
-}
-
 /// Creates a hard link `to` for the existing `from` (not following symlinks).
 pub fn link_at(
     from_dir: BorrowedFd<'_>,
@@ -500,11 +495,6 @@ pub fn effective_ids() -> (u32, u32) {
         rustix::process::geteuid().as_raw(),
         rustix::process::getegid().as_raw(),
     )
-}
-
-/// The device a descriptor lives on, for `--one-file-system` and overlap checks.
-pub fn dev_of(fd: BorrowedFd<'_>) -> Result<(u32, u32)> {
-    Ok(stat_fd(fd)?.dev)
 }
 
 /// Borrow helper so callers can pass `&OwnedFd` where a `BorrowedFd` is wanted.
