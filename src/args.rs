@@ -18,10 +18,10 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
-    /// Copy everything from SRC to DST, replacing what differs.
+    /// Copy SRC to DST, replacing what differs (entries already up to date are left alone).
     Copy(CopyArgs),
-    /// Copy only what changed (not implemented yet).
-    Sync(Rest),
+    /// Copy only what changed; with --delete, remove what SRC no longer has.
+    Sync(SyncArgs),
     /// Compare SRC and DST content (not implemented yet).
     Verify(Rest),
     /// Block-level copy of a device or image file (not implemented yet).
@@ -80,6 +80,9 @@ pub struct CopyArgs {
     /// Never skip entries matching GLOB, even if an --exclude matches.
     #[arg(long, value_name = "GLOB")]
     pub include: Vec<String>,
+    /// Compare files whose size and mtime match by content too (reads both sides).
+    #[arg(long)]
+    pub checksum: bool,
     /// Walk and count what would be copied; write nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -110,6 +113,29 @@ pub struct CopyArgs {
     pub no_progress: bool,
 }
 
+#[derive(Args)]
+pub struct SyncArgs {
+    #[command(flatten)]
+    pub copy: CopyArgs,
+    /// Remove entries of DST that SRC does not have, only after both trees
+    /// were walked without a single error. Excluded entries are kept.
+    #[arg(long)]
+    pub delete: bool,
+    /// Stop before deleting more than N entries (and exit 1).
+    #[arg(long, value_name = "N", requires = "delete")]
+    pub max_delete: Option<u64>,
+}
+
+impl SyncArgs {
+    pub fn options(&self) -> Result<CopyOptions, String> {
+        Ok(CopyOptions {
+            delete: self.delete,
+            max_delete: self.max_delete,
+            ..self.copy.options()?
+        })
+    }
+}
+
 impl CopyArgs {
     /// The engine's options for these arguments.
     pub fn options(&self) -> Result<CopyOptions, String> {
@@ -137,6 +163,7 @@ impl CopyArgs {
                 ReflinkArg::Never => Reflink::Never,
             },
             fsync: self.fsync,
+            checksum: self.checksum,
             ..defaults
         })
     }

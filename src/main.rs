@@ -27,7 +27,14 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        args::Command::Copy(c) => output::run_copy(c),
+        args::Command::Copy(c) => {
+            let opts = c.options();
+            output::run_copy(&c, opts)
+        }
+        args::Command::Sync(c) => {
+            let opts = c.options();
+            output::run_copy(&c.copy, opts)
+        }
         other => {
             eprintln!(
                 "sluice: error: `sluice {}` is not implemented yet",

@@ -5,7 +5,9 @@ use crate::args::CopyArgs;
 use crate::size::human_bytes;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
-use sluice_engine::{escape, EntryError, JobError, Outcome, Reporter, Side, Stats, Summary};
+use sluice_engine::{
+    escape, CopyOptions, EntryError, JobError, Outcome, Reporter, Side, Stats, Summary,
+};
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -42,6 +44,13 @@ impl Reporter for Printer {
         }
         self.say(&format!("sluice: skipped {}: {why}", escape(path)));
     }
+
+    fn entry_deleted(&self, path: &[u8]) {
+        if self.json {
+            let line = json!({"type": "deleted", "path": escape(path)});
+            let _ = writeln!(std::io::stdout().lock(), "{line}");
+        }
+    }
 }
 
 impl Printer {
@@ -54,9 +63,9 @@ impl Printer {
     }
 }
 
-/// Runs `sluice copy` and returns its exit code.
-pub fn run_copy(args: CopyArgs) -> ExitCode {
-    let opts = match args.options() {
+/// Runs `sluice copy` or `sluice sync` and returns its exit code.
+pub fn run_copy(args: &CopyArgs, opts: Result<CopyOptions, String>) -> ExitCode {
+    let opts = match opts {
         Ok(o) => o,
         Err(msg) => {
             eprintln!("sluice: error: {msg}");
@@ -223,6 +232,8 @@ pub fn summary_json(s: &Summary, outcome: &str) -> serde_json::Value {
         "symlinks": s.symlinks,
         "hardlinks": s.hardlinks,
         "specials": s.specials,
+        "files_unchanged": s.unchanged,
+        "deleted": s.deleted,
         "files_per_s": rate(s.files_copied as f64, s.elapsed).round(),
         "bytes_per_s": rate(s.bytes_copied as f64, s.elapsed).round(),
     })
@@ -245,7 +256,9 @@ pub fn summary_table(s: &Summary, dry_run: bool) -> String {
         ("symlinks", s.symlinks),
         ("hard links", s.hardlinks),
         ("special files", s.specials),
-        ("skipped", s.files_skipped),
+        ("unchanged", s.unchanged),
+        ("skipped", s.files_skipped - s.unchanged),
+        ("deleted", s.deleted),
         ("failed", s.errors),
     ] {
         t += &format!("{label:<14}{n:>14}\n");
@@ -271,7 +284,9 @@ mod tests {
             symlinks: 3,
             hardlinks: 2,
             specials: 1,
-            files_skipped: 4,
+            files_skipped: 10,
+            unchanged: 6,
+            deleted: 7,
             errors: 5,
             elapsed: Duration::from_millis(21_540),
         }
@@ -286,7 +301,9 @@ mod tests {
             "symlinks                   3\n",
             "hard links                 2\n",
             "special files              1\n",
+            "unchanged                  6\n",
             "skipped                    4\n",
+            "deleted                    7\n",
             "failed                     5\n",
             "time 21.54 s, 9.1 MiB/s, 9285 files/s\n",
         );
@@ -296,7 +313,7 @@ mod tests {
     #[test]
     fn summary_json_snapshot() {
         let got = summary_json(&sample(), "partial").to_string();
-        let want = r#"{"type":"summary","outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":4,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_per_s":9285.0,"bytes_per_s":9507892.0}"#;
+        let want = r#"{"type":"summary","outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"deleted":7,"files_per_s":9285.0,"bytes_per_s":9507892.0}"#;
         assert_eq!(got, want);
     }
 

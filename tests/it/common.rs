@@ -278,9 +278,36 @@ pub fn assert_no_temporaries(root: &Path) {
     for rel in entries(root) {
         let name = rel.file_name().unwrap().as_bytes();
         assert!(
-            !(name.starts_with(b".sluice-") && name.ends_with(b".tmp")),
-            "leftover temporary {}",
+            !name.starts_with(b".sluice-"),
+            "leftover temporary or state file {}",
             rel.display()
+        );
+    }
+}
+
+/// After a stop (SIGINT, full disk): temporaries may remain only as resume
+/// state, that is with a journal in DST's root that records them.
+pub fn assert_only_resume_state(root: &Path) {
+    let journal = root.join(".sluice-journal.redb").exists();
+    for rel in entries(root) {
+        let name = rel.file_name().unwrap().as_bytes();
+        if name.starts_with(b".sluice-") && name.ends_with(b".tmp") {
+            assert!(journal, "temporary {} without a journal", rel.display());
+        }
+    }
+}
+
+/// Every file under a final name directly in `dst` equals its source.
+pub fn assert_no_partial_files(src: &Path, dst: &Path) {
+    for e in fs::read_dir(dst).unwrap().flatten() {
+        let name = e.file_name();
+        if name.as_bytes().starts_with(b".sluice-") || !e.file_type().unwrap().is_file() {
+            continue;
+        }
+        assert_eq!(
+            fs::read(e.path()).unwrap(),
+            fs::read(src.join(&name)).unwrap(),
+            "{name:?} is partial"
         );
     }
 }

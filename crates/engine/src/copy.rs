@@ -33,6 +33,17 @@ impl TempName {
         TempName { bytes }
     }
 
+    /// A temporary's name read back from the journal; `None` unless it has
+    /// the shape of one.
+    fn from_bytes(name: &[u8]) -> Option<TempName> {
+        if !sluice_sys::is_temp_name(name) || name.len() >= 48 {
+            return None;
+        }
+        let mut bytes = [0u8; 48];
+        bytes[..name.len()].copy_from_slice(name);
+        Some(TempName { bytes })
+    }
+
     fn as_cstr(&self) -> &CStr {
         CStr::from_bytes_until_nul(&self.bytes).expect("NUL-terminated")
     }
@@ -129,30 +140,52 @@ pub(crate) struct BigFile {
     node: Arc<DirNode>,
     src_name: CString,
     dst_name: CString,
+    /// Path in DST relative to its root: the file's key in the journal.
+    rel: Vec<u8>,
     tmp: TempName,
     src: OwnedFd,
-    dst: OwnedFd,
+    dst: Arc<OwnedFd>,
     /// Whether `src` and `dst` were switched to `O_DIRECT`.
     direct: bool,
     st: Stat,
-    chunks: u64,
+    /// The chunks still to copy (all of them, unless resumed).
+    todo: Vec<u64>,
+    /// Index into `todo` of the next chunk to claim.
     next: AtomicU64,
     done: AtomicU64,
     failed: Mutex<Option<EntryError>>,
+    /// Whether the journal has a record of this file.
+    journaled: bool,
     committed: AtomicBool,
+}
+
+impl BigFile {
+    fn chunks(&self) -> u64 {
+        self.todo.len() as u64
+    }
 }
 
 impl Drop for BigFile {
     fn drop(&mut self) {
-        if !self.committed.load(Relaxed) {
-            let _ = sluice_sys::unlink_at(self.node.dst(), self.tmp.as_cstr());
+        if self.committed.load(Relaxed) {
+            return;
+        }
+        let journal = self.node.shared.journal.as_ref();
+        // Stopped (interrupt, full disk): the temporary and its record stay
+        // so the next run copies only the chunks that had not landed.
+        if self.journaled && self.node.shared.stopped() && journal.is_some_and(|j| j.working()) {
+            return;
+        }
+        let _ = sluice_sys::unlink_at(self.node.dst(), self.tmp.as_cstr());
+        if let (true, Some(j)) = (self.journaled, journal) {
+            j.forget(&self.rel);
         }
     }
 }
 
 type LinkKey = (u32, u32, u64);
 
-fn link_key(st: &Stat) -> Option<LinkKey> {
+pub(crate) fn link_key(st: &Stat) -> Option<LinkKey> {
     (st.nlink > 1 && st.file_type() == FileType::RegularFile)
         .then_some((st.dev.0, st.dev.1, st.ino))
 }
@@ -174,6 +207,12 @@ impl Worker {
         dst_name: &CStr,
         st: &Stat,
     ) {
+        if node.existed
+            && !self.shared.opts.dry_run
+            && self.up_to_date(node, src_name, dst_name, st)
+        {
+            return;
+        }
         let stats = &self.shared.stats;
         let res = match st.file_type() {
             FileType::RegularFile if self.shared.opts.dry_run => {
@@ -519,7 +558,7 @@ impl Worker {
                 waiting.push((node.clone(), dst_name.to_owned()));
                 Claim::Handled
             }
-            Some(LinkState::Done(rel)) => {
+            Some(LinkState::Done(rel, _)) => {
                 let from = CString::new(rel.clone()).expect("no NUL in a path");
                 drop(links);
                 let shared = self.shared.clone();
@@ -545,13 +584,15 @@ impl Worker {
     /// Records the outcome of a hard-linked inode's first copy and links the
     /// names that waited for it.
     fn finish_link(&mut self, key: LinkKey, first: &DirNode, name: &CStr, ok: bool) {
+        let state = if ok {
+            // The inode lets a later run tell a correct link from a copy.
+            let ino = sluice_sys::stat_at(first.dst(), name).map_or(0, |st| st.ino);
+            LinkState::Done(first.child_rel(name), ino)
+        } else {
+            LinkState::Failed
+        };
         let waiting = {
             let mut links = self.shared.links.lock().expect("links lock");
-            let state = if ok {
-                LinkState::Done(first.child_rel(name))
-            } else {
-                LinkState::Failed
-            };
             match links.insert(key, state) {
                 Some(LinkState::Copying(w)) => w,
                 _ => Vec::new(),
@@ -605,6 +646,9 @@ impl Worker {
         if self.shared.opts.dry_run {
             return self.copy_entry(node, src_name, dst_name, st);
         }
+        if node.existed && self.up_to_date(node, src_name, dst_name, st) {
+            return;
+        }
         let key = link_key(st);
         if let Some(key) = key {
             if let Claim::Handled = self.claim_link(key, node, dst_name) {
@@ -612,9 +656,9 @@ impl Worker {
             }
         }
         match self.open_big(node, src_name, dst_name, st, chunks) {
-            Ok(big) if big.done.load(Relaxed) == big.chunks => self.finish_big(&big),
+            Ok(big) if big.chunks() == 0 => self.finish_big(&big),
             Ok(big) => {
-                let streams = chunks.min(self.shared.opts.jobs as u64);
+                let streams = big.chunks().min(self.shared.opts.jobs as u64);
                 for _ in 0..streams {
                     self.spawn(Task::Chunk(big.clone()));
                 }
@@ -628,6 +672,9 @@ impl Worker {
         }
     }
 
+    /// Opens the source and the temporary of a big file: the one an earlier
+    /// run recorded in the journal when it still matches the source (only
+    /// its missing chunks are left to copy), else a new one.
     fn open_big(
         &mut self,
         node: &Arc<DirNode>,
@@ -638,67 +685,101 @@ impl Worker {
     ) -> Result<Arc<BigFile>, EntryError> {
         let src = sluice_sys::open_read_at(node.src.as_fd(), src_name)
             .map_err(|e| node.error(src_name, Side::Src, "open", Reason::Os(e)))?;
-        let tmp = TempName::new(&self.shared);
-        let dst = sluice_sys::create_excl_at(node.dst(), tmp.as_cstr(), st.perm() & 0o1777)
-            .map_err(|e| node.error(dst_name, Side::Dst, "create temporary for", Reason::Os(e)))?;
-        let guard = TempGuard::new(node.dst(), tmp);
+        let rel = node.child_rel(dst_name);
+        let chunk_size = self.shared.opts.chunk_size;
+        let journal = self.shared.journal.as_ref();
         let err = |op, e| node.error(dst_name, Side::Dst, op, Reason::Os(e));
-        let cloned = self
-            .try_clone(src.as_fd(), dst.as_fd())
-            .map_err(|(op, e)| err(op, e))?;
-        if !cloned {
-            sluice_sys::set_len(dst.as_fd(), st.size).map_err(|e| err("truncate", e))?;
-        }
-        if !cloned && !st.is_sparse() {
-            // Reserving the space up front finds a full disk before any
-            // chunk is written and lets the file system lay it out in one piece.
-            sluice_sys::preallocate(dst.as_fd(), st.size).map_err(|e| err("allocate", e))?;
-        }
+        let resumed = journal
+            .and_then(|j| j.take(&rel))
+            .and_then(|rec| resume_temp(node, rec, st, chunk_size));
+        let (tmp, dst, record, cloned) = match resumed {
+            Some((tmp, fd, rec)) => (tmp, fd, rec, false),
+            None => {
+                let tmp = TempName::new(&self.shared);
+                let dst = sluice_sys::create_excl_at(node.dst(), tmp.as_cstr(), st.perm() & 0o1777)
+                    .map_err(|e| err("create temporary for", e))?;
+                let guard = TempGuard::new(node.dst(), tmp);
+                let cloned = self
+                    .try_clone(src.as_fd(), dst.as_fd())
+                    .map_err(|(op, e)| err(op, e))?;
+                if !cloned {
+                    sluice_sys::set_len(dst.as_fd(), st.size).map_err(|e| err("truncate", e))?;
+                }
+                if !cloned && !st.is_sparse() {
+                    // Reserving the space up front finds a full disk before
+                    // any chunk is written and lets the file system lay it
+                    // out in one piece.
+                    sluice_sys::preallocate(dst.as_fd(), st.size)
+                        .map_err(|e| err("allocate", e))?;
+                }
+                std::mem::forget(guard); // BigFile's Drop owns the temporary from here
+                let rec =
+                    crate::journal::Record::new(tmp.as_cstr().to_bytes(), st, chunk_size, chunks);
+                (tmp, dst, rec, cloned)
+            }
+        };
+        let todo: Vec<u64> = if cloned {
+            Vec::new()
+        } else {
+            (0..chunks).filter(|&i| !record.is_done(i)).collect()
+        };
         let direct = !cloned && self.use_direct(src.as_fd(), dst.as_fd(), st);
-        std::mem::forget(guard); // BigFile's Drop owns the temporary from here
-        let big = Arc::new(BigFile {
-            node: node.clone(),
-            src_name: src_name.to_owned(),
-            dst_name: dst_name.to_owned(),
-            tmp,
-            src,
-            dst,
-            direct,
-            st: *st,
-            chunks,
-            next: AtomicU64::new(if cloned { chunks } else { 0 }),
-            done: AtomicU64::new(if cloned { chunks } else { 0 }),
-            failed: Mutex::new(None),
-            committed: AtomicBool::new(false),
-        });
+        let journaled = !todo.is_empty() && journal.is_some();
+        if let (true, Some(j)) = (journaled, journal) {
+            j.begin(&rel, record);
+        }
         if cloned {
             self.shared.stats.bytes_copied.fetch_add(st.size, Relaxed);
         }
-        Ok(big)
+        Ok(Arc::new(BigFile {
+            node: node.clone(),
+            src_name: src_name.to_owned(),
+            dst_name: dst_name.to_owned(),
+            rel,
+            tmp,
+            src,
+            dst: Arc::new(dst),
+            direct,
+            st: *st,
+            todo,
+            next: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+            failed: Mutex::new(None),
+            journaled,
+            committed: AtomicBool::new(false),
+        }))
     }
 
     /// Claims and copies chunks of `big` until they are all claimed or the
     /// queue has room to let another stream take the next one.
     pub(crate) fn run_chunks(&mut self, mut big: Arc<BigFile>) {
         loop {
-            let i = big.next.fetch_add(1, Relaxed);
-            if i >= big.chunks {
+            let n = big.next.fetch_add(1, Relaxed);
+            if n >= big.chunks() {
                 return;
             }
+            let i = big.todo[n as usize];
             let healthy =
                 !self.shared.stopped() && big.failed.lock().expect("chunk lock").is_none();
             if healthy {
-                if let Err((op, e)) = self.copy_chunk(&big, i) {
-                    let err = big
-                        .node
-                        .error(&big.dst_name, copy_side(e), op, Reason::Os(e));
-                    big.failed.lock().expect("chunk lock").get_or_insert(err);
+                match self.copy_chunk(&big, i) {
+                    Ok(()) => {
+                        if let (true, Some(j)) = (big.journaled, &self.shared.journal) {
+                            j.chunk_done(&big.rel, i, &big.dst);
+                        }
+                    }
+                    Err((op, e)) => {
+                        let err = big
+                            .node
+                            .error(&big.dst_name, copy_side(e), op, Reason::Os(e));
+                        big.failed.lock().expect("chunk lock").get_or_insert(err);
+                    }
                 }
             }
-            if big.done.fetch_add(1, Relaxed) + 1 == big.chunks {
+            if big.done.fetch_add(1, Relaxed) + 1 == big.chunks() {
                 return self.finish_big(&big);
             }
-            if big.next.load(Relaxed) >= big.chunks {
+            if big.next.load(Relaxed) >= big.chunks() {
                 return;
             }
             // Yield to small files and other chunks between chunks; keep
@@ -713,18 +794,13 @@ impl Worker {
 
     fn copy_chunk(&mut self, big: &BigFile, i: u64) -> Result<(), (&'static str, Errno)> {
         let (off, len) = plan::chunk_range(big.st.size, self.shared.opts.chunk_size, i);
+        let (src, dst) = (big.src.as_fd(), big.dst.as_fd());
         let copied = if big.direct {
-            copy_direct(
-                big.src.as_fd(),
-                big.dst.as_fd(),
-                off,
-                len,
-                self.scratch.buf(),
-            )?
+            copy_direct(src, dst, off, len, self.scratch.buf())?
         } else if big.st.is_sparse() {
-            self.copy_extents(big.src.as_fd(), big.dst.as_fd(), off, len)?
+            self.copy_extents(src, dst, off, len)?
         } else {
-            self.copy_range(big.src.as_fd(), big.dst.as_fd(), off, len)?
+            self.copy_range(src, dst, off, len)?
         };
         self.shared.stats.bytes_copied.fetch_add(copied, Relaxed);
         Ok(())
@@ -752,6 +828,16 @@ impl Worker {
         }
         let node = &big.node;
         check_unchanged(node, &big.src_name, big.src.as_fd(), &big.st)?;
+        let shared = self.shared.clone();
+        let journal = shared.journal.as_ref().filter(|_| big.journaled);
+        if journal.is_some_and(|j| j.sync_failed(&big.rel)) {
+            return Err(node.error(
+                &big.dst_name,
+                Side::Dst,
+                "write back",
+                Reason::Os(Errno::IO),
+            ));
+        }
         if big.direct {
             sluice_sys::set_len(big.dst.as_fd(), big.st.size)
                 .map_err(|e| node.error(&big.dst_name, Side::Dst, "truncate", Reason::Os(e)))?;
@@ -767,9 +853,36 @@ impl Worker {
             |e| node.error(&big.dst_name, Side::Dst, "rename into place", Reason::Os(e)),
         )?;
         big.committed.store(true, Relaxed);
+        if let Some(j) = journal {
+            j.forget(&big.rel);
+        }
         self.shared.stats.files_copied.fetch_add(1, Relaxed);
         Ok(())
     }
+}
+
+/// Reopens the temporary an earlier run recorded for a big file, if the
+/// record is about this same source and the temporary is still there with
+/// the right size. Otherwise the stale temporary is removed.
+fn resume_temp(
+    node: &DirNode,
+    rec: crate::journal::Record,
+    st: &Stat,
+    chunk_size: u64,
+) -> Option<(TempName, OwnedFd, crate::journal::Record)> {
+    let tmp = TempName::from_bytes(&rec.temp)?;
+    if rec.matches(st, chunk_size) {
+        if let Ok(fd) = sluice_sys::open_write_at(node.dst(), tmp.as_cstr()) {
+            let ok = sluice_sys::stat_fd(fd.as_fd()).is_ok_and(|t| {
+                t.file_type() == FileType::RegularFile && t.size == st.size && t.nlink == 1
+            });
+            if ok {
+                return Some((tmp, fd, rec));
+            }
+        }
+    }
+    let _ = sluice_sys::unlink_at(node.dst(), tmp.as_cstr());
+    None
 }
 
 /// Fails when the open source no longer has the size and mtime it was

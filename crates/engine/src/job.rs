@@ -1,14 +1,16 @@
 //! A copy job: its options, its shared state, its counters, and `copy()`.
 
 use crate::error::{EntryError, JobError, Side};
+use crate::existing::Extras;
+use crate::journal::Journal;
 use crate::queue::Queue;
 use crate::tree::DirNode;
 use crate::worker::{Task, Worker};
 use sluice_sys::{Errno, Stat};
 use sluice_walk::Filter;
 use std::collections::HashMap;
-use std::ffi::CString;
-use std::os::fd::OwnedFd;
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -49,6 +51,12 @@ pub struct CopyOptions {
     pub preserve_owner: bool,
     /// Create device nodes (needs root).
     pub privileged: bool,
+    /// Compare files whose size and mtime match by content too.
+    pub checksum: bool,
+    /// Remove entries of DST that SRC does not have, after a clean walk.
+    pub delete: bool,
+    /// Stop deleting before the deletion that would exceed this many.
+    pub max_delete: Option<u64>,
 }
 
 /// Default chunk size: at 64 MiB a chunk takes ~0.1 s at disk speed, small
@@ -74,6 +82,9 @@ impl Default for CopyOptions {
             fsync: false,
             preserve_owner: root,
             privileged: root,
+            checksum: false,
+            delete: false,
+            max_delete: None,
         }
     }
 }
@@ -99,6 +110,10 @@ pub struct Stats {
     pub hardlinks: AtomicU64,
     pub specials: AtomicU64,
     pub skipped: AtomicU64,
+    /// Entries DST already had, up to date (or fixed in place).
+    pub unchanged: AtomicU64,
+    /// Entries removed from DST by `--delete`.
+    pub deleted: AtomicU64,
     pub errors: AtomicU64,
     /// Entries and bytes listed so far (the walk runs ahead of the copy).
     pub entries_found: AtomicU64,
@@ -114,6 +129,7 @@ impl Stats {
             + self.hardlinks.load(Relaxed)
             + self.specials.load(Relaxed)
             + self.skipped.load(Relaxed)
+            + self.unchanged.load(Relaxed)
             + self.errors.load(Relaxed)
     }
 
@@ -126,7 +142,9 @@ impl Stats {
             symlinks: self.symlinks.load(Relaxed),
             hardlinks: self.hardlinks.load(Relaxed),
             specials: self.specials.load(Relaxed),
-            files_skipped: self.skipped.load(Relaxed),
+            files_skipped: self.skipped.load(Relaxed) + self.unchanged.load(Relaxed),
+            unchanged: self.unchanged.load(Relaxed),
+            deleted: self.deleted.load(Relaxed),
             errors: self.errors.load(Relaxed),
             elapsed,
         }
@@ -142,7 +160,11 @@ pub struct Summary {
     pub symlinks: u64,
     pub hardlinks: u64,
     pub specials: u64,
+    /// Entries not copied: up to date in DST, excluded, or uncopyable.
     pub files_skipped: u64,
+    /// Of those, entries DST already had up to date.
+    pub unchanged: u64,
+    pub deleted: u64,
     pub errors: u64,
     pub elapsed: Duration,
 }
@@ -165,14 +187,17 @@ pub trait Reporter: Send + Sync {
     /// An entry was not copied because it cannot be (a device node without
     /// root, an unknown file type); `path` is its full source path.
     fn entry_skipped(&self, path: &[u8], why: &str);
+    /// An entry of DST was removed by `--delete`; `path` is its full path.
+    fn entry_deleted(&self, path: &[u8]);
 }
 
 /// Hard-link bookkeeping for one source inode with more than one name.
 pub(crate) enum LinkState {
     /// Its first name is being copied; later names wait here.
     Copying(Vec<(Arc<DirNode>, CString)>),
-    /// Copied; later names are linked to this path relative to DST.
-    Done(Vec<u8>),
+    /// Copied; later names are linked to this path relative to DST, whose
+    /// inode number in DST is given.
+    Done(Vec<u8>, u64),
     /// The first copy failed; later names fail too.
     Failed,
 }
@@ -192,6 +217,11 @@ pub(crate) struct Shared {
     pub dst_root_fd: Option<OwnedFd>,
     /// SRC's device, for `--one-file-system`.
     pub root_dev: (u32, u32),
+    /// SRC root's metadata.
+    pub root_stat: Stat,
+    /// Whether DST's root directory is the job's (a tree copy), rather than
+    /// the user's directory a single file is copied into.
+    pub owns_root: bool,
     /// Cleared after the first `copy_file_range` the kernel refuses.
     pub kernel_copy_ok: AtomicBool,
     /// Cleared after the first clone the file systems refuse.
@@ -200,9 +230,21 @@ pub(crate) struct Shared {
     pub unnamed_ok: AtomicBool,
     pid: u32,
     tmp_seq: AtomicU64,
+    /// Resume state of big files; `None` in a dry run.
+    pub journal: Option<Journal>,
+    /// Entries of DST that SRC lacks, for `--delete` after the walk.
+    pub extras: Mutex<Vec<Extras>>,
 }
 
 impl Shared {
+    /// Whether temporary `name` in DST directory `dir` is a resumable big
+    /// file an earlier run recorded (and so must not be removed).
+    pub fn journal_owns(&self, dir: &[u8], name: &CStr) -> bool {
+        self.journal
+            .as_ref()
+            .is_some_and(|j| j.owns(dir, name.to_bytes()))
+    }
+
     pub fn reporter(&self) -> &dyn Reporter {
         &*self.reporter
     }
@@ -284,7 +326,6 @@ pub fn copy(
     cancel: Arc<AtomicBool>,
 ) -> Result<Outcome, JobError> {
     sluice_sys::raise_fd_limit();
-    sluice_sys::clear_umask();
     let src_meta = std::fs::metadata(src).map_err(|source| JobError::Source {
         path: src.to_owned(),
         source,
@@ -294,6 +335,9 @@ pub fn copy(
     } else {
         Roots::file(src, dst, opts.dry_run)?
     };
+    // After the roots exist (created with the user's umask, like mkdir -p):
+    // from here on every mode is given explicitly and must not be masked.
+    sluice_sys::clear_umask();
     let jobs = opts.jobs.max(1);
     let src_stat =
         sluice_sys::stat_fd(sluice_sys::fd(&roots.src_fd)).map_err(|e| JobError::Source {
@@ -307,6 +351,13 @@ pub fn copy(
         })?),
         None => None,
     };
+    let journal = match &dst_root_fd {
+        Some(fd) => Some(Journal::open(
+            fd,
+            roots.single.as_ref().map(|s| s.1.to_bytes()),
+        )),
+        None => None,
+    };
     let shared = Arc::new(Shared {
         queue: Queue::new(jobs * 4, 256),
         stats,
@@ -318,17 +369,24 @@ pub fn copy(
         dst_root: roots.dst_path.as_os_str().as_bytes().to_vec(),
         dst_root_fd,
         root_dev: src_stat.dev,
+        root_stat: src_stat,
+        owns_root: roots.single.is_none(),
         kernel_copy_ok: AtomicBool::new(opts.reflink != Reflink::Never),
         clone_ok: AtomicBool::new(opts.reflink != Reflink::Never),
         unnamed_ok: AtomicBool::new(true),
         pid: std::process::id(),
         tmp_seq: AtomicU64::new(0),
+        journal,
+        extras: Mutex::new(Vec::new()),
         opts,
     });
     let root = Arc::new(DirNode {
         creates_as: crate::tree::creates_as(roots.dst_fd.as_ref()),
         src: roots.src_fd,
         dst: roots.dst_fd,
+        // A single file's target directory is the user's: its entry is
+        // compared like any in an existing directory.
+        existed: roots.dst_existed || roots.single.is_some(),
         rel: Vec::new(),
         stat: src_stat,
         owned: roots.single.is_none(),
@@ -336,7 +394,7 @@ pub fn copy(
         shared: shared.clone(),
     });
     let first = match roots.single {
-        None => Task::List(root, roots.dst_existed),
+        None => Task::List(root),
         Some((src_name, dst_name, st)) => Task::Single {
             node: root,
             src_name,
@@ -363,6 +421,10 @@ pub fn copy(
     // Streams are gone; anything still queued (after a stop) is dropped here,
     // which removes its temporaries.
     drop(shared.queue.close());
+    if !shared.stopped() && shared.opts.delete && !shared.opts.dry_run {
+        crate::delete::run(&shared);
+    }
+    close_journal(&shared);
     if let Some(err) = shared.fatal.lock().expect("fatal lock").take() {
         return Err(JobError::Fatal(err));
     }
@@ -373,6 +435,35 @@ pub fn copy(
         Ok(Outcome::Partial)
     } else {
         Ok(Outcome::Complete)
+    }
+}
+
+/// Ends the journal: after a complete walk, records no file claimed (its
+/// source vanished, or it was finished before the crash) are dropped with
+/// their temporaries; the file itself goes once no record is left.
+fn close_journal(shared: &Shared) {
+    let Some(journal) = &shared.journal else {
+        return;
+    };
+    let mut clean = Vec::new();
+    if !shared.stopped() {
+        let root = shared.dst_root_fd.as_ref().expect("not a dry run");
+        for (rel, rec) in journal.unclaimed() {
+            let (dir, _) = crate::journal::split_rel(&rel);
+            if let Ok(fd) = crate::delete::open_rel(root.as_fd(), dir) {
+                if let Ok(name) = CString::new(rec.temp) {
+                    let _ = sluice_sys::unlink_at(fd.as_fd(), &name);
+                }
+            }
+            clean.push(rel);
+        }
+    }
+    if journal.close(&clean) && shared.owns_root {
+        // Removing the journal changed the root's times; put SRC's back.
+        let root = shared.dst_root_fd.as_ref().expect("not a dry run");
+        if let Err(e) = sluice_sys::set_times(root.as_fd(), &shared.root_stat) {
+            shared.fail(shared.error(Side::Dst, b"", "set times", crate::Reason::Os(e)));
+        }
     }
 }
 

@@ -16,9 +16,13 @@
 
 #![forbid(unsafe_code)]
 
+pub mod compare;
 mod copy;
+mod delete;
 pub mod error;
+mod existing;
 mod job;
+mod journal;
 pub mod plan;
 mod queue;
 mod tree;

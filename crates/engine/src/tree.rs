@@ -19,6 +19,9 @@ pub struct DirNode {
     pub src: OwnedFd,
     /// `None` in a dry run, where DST is never touched.
     pub dst: Option<OwnedFd>,
+    /// Whether the DST directory existed before this run: only then are
+    /// its entries compared with the source's (a new one is empty).
+    pub existed: bool,
     /// Path relative to the job's roots ("" for the roots).
     pub rel: Vec<u8>,
     /// The source directory's metadata, applied on drop.
@@ -78,8 +81,20 @@ impl DirNode {
         let Some(dst) = &self.dst else { return Ok(()) };
         let dst = dst.as_fd();
         let opts = &self.shared.opts;
-        sluice_sys::set_perm(dst, self.stat.perm() & opts.perm_mask()).map_err(|e| ("chmod", e))?;
-        sluice_sys::set_times(dst, &self.stat).map_err(|e| ("set times", e))?;
+        let perm = self.stat.perm() & opts.perm_mask();
+        // A directory that existed is only touched where it differs, so a
+        // re-run over an unchanged tree changes no ctime.
+        let now = if self.existed {
+            Some(sluice_sys::stat_fd(dst).map_err(|e| ("stat", e))?)
+        } else {
+            None
+        };
+        if now.is_none_or(|now| now.perm() != perm) {
+            sluice_sys::set_perm(dst, perm).map_err(|e| ("chmod", e))?;
+        }
+        if now.is_none_or(|now| crate::compare::dir_times_differ(&self.stat, &now)) {
+            sluice_sys::set_times(dst, &self.stat).map_err(|e| ("set times", e))?;
+        }
         if opts.fsync {
             sluice_sys::sync(dst).map_err(|e| ("fsync", e))?;
         }

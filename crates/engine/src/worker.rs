@@ -9,7 +9,7 @@ use crate::tree::DirNode;
 use sluice_sys::{AlignedBuf, Stat};
 use sluice_walk::DirStream;
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -19,9 +19,8 @@ const BATCH: usize = 128;
 
 /// A unit of work on the queue.
 pub(crate) enum Task {
-    /// List an already opened directory pair (the roots); the flag says
-    /// DST existed before, so an interrupted run may have left temporaries.
-    List(Arc<DirNode>, bool),
+    /// List an already opened directory pair (the roots).
+    List(Arc<DirNode>),
     /// Open, create in DST, then list a subdirectory.
     Dir {
         parent: Arc<DirNode>,
@@ -44,7 +43,7 @@ pub(crate) enum Task {
 impl Task {
     fn lane(&self) -> Lane {
         match self {
-            Task::List(..) | Task::Dir { .. } => Lane::Dir,
+            Task::List(_) | Task::Dir { .. } => Lane::Dir,
             _ => Lane::Data,
         }
     }
@@ -84,7 +83,7 @@ pub(crate) struct Scratch {
     pub xattr_names: Vec<u8>,
     pub xattr_value: Vec<u8>,
     pub link: Vec<u8>,
-    stream: Option<DirStream>,
+    pub stream: Option<DirStream>,
 }
 
 /// Size of a stream's data buffer: large enough for efficient direct I/O.
@@ -138,9 +137,9 @@ impl Worker {
             return; // dropping the task releases its directories and temporaries
         }
         match task {
-            Task::List(node, existed) => {
-                if existed {
-                    self.remove_leftovers(&node.rel, node.dst());
+            Task::List(node) => {
+                if node.existed {
+                    self.scan_existing(&node.rel, node.src.as_fd(), node.dst(), &node.stat);
                 }
                 self.list(node)
             }
@@ -196,42 +195,34 @@ impl Worker {
                 return sh.fail(parent.error(name, Side::Src, "open directory", Reason::Os(e)))
             }
         };
-        let dst = if sh.opts.dry_run {
-            None
+        let (dst, existed) = if sh.opts.dry_run {
+            (None, false)
         } else {
-            // Created owner-only, so nobody sees its contents before its
-            // real mode is applied when it is finished.
-            let existed = match sluice_sys::mkdir_at(parent.dst(), name, 0o700) {
-                Ok(()) => false,
-                Err(sluice_sys::Errno::EXIST) => true,
-                Err(e) => return sh.fail(parent.error(name, Side::Dst, "mkdir", Reason::Os(e))),
-            };
-            // O_NOFOLLOW|O_DIRECTORY: a symlink or file in the way is an
-            // error, never a way out of DST.
-            let fd = match sluice_sys::open_dir_at(parent.dst(), name) {
-                Ok(fd) => fd,
-                Err(e) => {
-                    return sh.fail(parent.error(name, Side::Dst, "open directory", Reason::Os(e)))
-                }
-            };
-            if existed {
-                self.remove_leftovers(&parent.child_rel(name), fd.as_fd());
+            match self.make_dir(&parent, name) {
+                Ok((fd, existed)) => (Some(fd), existed),
+                Err(err) => return self.shared.fail(err),
             }
-            Some(fd)
         };
         if let Some(dst) = &dst {
+            let rel = parent.child_rel(name);
+            if existed {
+                self.scan_existing(&rel, src.as_fd(), dst.as_fd(), &st);
+            }
             if let Err(err) =
-                self.copy_owner_and_xattrs(&parent, name, src.as_fd(), dst.as_fd(), &st)
+                self.dir_owner_and_xattrs(&parent, name, src.as_fd(), dst.as_fd(), &st, existed)
             {
                 self.shared.fail(err);
             }
         }
-        self.shared.stats.dirs_created.fetch_add(1, Relaxed);
+        if !existed {
+            self.shared.stats.dirs_created.fetch_add(1, Relaxed);
+        }
         let descend = !self.shared.opts.one_file_system || st.dev == self.shared.root_dev;
         let node = Arc::new(DirNode {
             creates_as: crate::tree::creates_as(dst.as_ref()),
             src,
             dst,
+            existed,
             rel: parent.child_rel(name),
             stat: st,
             owned: true,
@@ -243,33 +234,35 @@ impl Worker {
         }
     }
 
-    /// Removes temporaries an interrupted earlier run left in a DST
-    /// directory that already existed. Safe because this run holds DST's
-    /// lock, so no other sluice is writing there; costs one extra listing
-    /// per pre-existing directory, none on a first copy.
-    pub(crate) fn remove_leftovers(&mut self, rel: &[u8], dst: BorrowedFd<'_>) {
-        let mut stream = self.scratch.stream.take().unwrap_or_default();
-        let mut stale = Vec::new();
-        let res = stream.for_each(dst, |entry| {
-            if sluice_sys::is_temp_name(entry.name.to_bytes()) {
-                stale.push(entry.name.to_owned());
-            }
-            true
-        });
-        self.scratch.stream = Some(stream);
-        let fail = |op, e| {
-            self.shared
-                .fail(self.shared.error(Side::Dst, rel, op, Reason::Os(e)))
+    /// Creates (or finds) a directory in DST and opens it. Returns whether
+    /// it existed before. A non-directory in the way is replaced, as any
+    /// differing entry is; a symlink there is never followed.
+    fn make_dir(
+        &self,
+        parent: &DirNode,
+        name: &CStr,
+    ) -> Result<(OwnedFd, bool), crate::EntryError> {
+        use sluice_sys::Errno;
+        let err = |op, e| parent.error(name, Side::Dst, op, Reason::Os(e));
+        // Created owner-only, so nobody sees its contents before its real
+        // mode is applied when it is finished.
+        let existed = match sluice_sys::mkdir_at(parent.dst(), name, 0o700) {
+            Ok(()) => false,
+            Err(Errno::EXIST) => true,
+            Err(e) => return Err(err("mkdir", e)),
         };
-        if let Err(e) = res {
-            return fail("list for leftovers", e);
-        }
-        for name in stale {
-            if let Err(e) = sluice_sys::unlink_at(dst, &name) {
-                if e != sluice_sys::Errno::NOENT {
-                    fail("remove leftover temporary", e);
-                }
+        // O_NOFOLLOW|O_DIRECTORY: a symlink or file in the way is never a
+        // way out of DST.
+        match sluice_sys::open_dir_at(parent.dst(), name) {
+            Ok(fd) => Ok((fd, existed)),
+            Err(Errno::NOTDIR | Errno::LOOP) if existed => {
+                sluice_sys::unlink_at(parent.dst(), name).map_err(|e| err("replace", e))?;
+                sluice_sys::mkdir_at(parent.dst(), name, 0o700).map_err(|e| err("mkdir", e))?;
+                let fd = sluice_sys::open_dir_at(parent.dst(), name)
+                    .map_err(|e| err("open directory", e))?;
+                Ok((fd, false))
             }
+            Err(e) => Err(err("open directory", e)),
         }
     }
 

@@ -22,7 +22,7 @@ pub type Result<T> = std::result::Result<T, Errno>;
 mod buf;
 mod xattr;
 pub use buf::{AlignedBuf, DIRECT_ALIGN};
-pub use xattr::copy_xattrs;
+pub use xattr::{copy_xattrs, xattrs_equal};
 
 /// The metadata sluice needs about one entry, read once with `statx`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,6 +136,17 @@ pub fn open_read_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
     }
 }
 
+/// Opens an existing file below `dir` for writing, never through a
+/// symlink (a resumed temporary).
+pub fn open_write_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    )
+}
+
 /// Creates a new file below `dir` for writing: `O_EXCL` so an existing name
 /// (including a symlink planted there) is never opened or followed.
 pub fn create_excl_at(dir: BorrowedFd<'_>, name: &CStr, perm: u32) -> Result<OwnedFd> {
@@ -247,6 +258,11 @@ pub fn unlink_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
     rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::empty())
 }
 
+/// Removes an empty directory.
+pub fn rmdir_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
+    rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::REMOVEDIR)
+}
+
 /// Creates a hard link `to` for the existing `from` (not following symlinks).
 pub fn link_at(
     from_dir: BorrowedFd<'_>,
@@ -355,6 +371,12 @@ pub fn preallocate(fd: BorrowedFd<'_>, len: u64) -> Result<()> {
 /// `fsync`.
 pub fn sync(fd: BorrowedFd<'_>) -> Result<()> {
     rustix::fs::fsync(fd)
+}
+
+/// `fdatasync`: the data and what is needed to read it back (size,
+/// allocated extents), not the times.
+pub fn sync_data(fd: BorrowedFd<'_>) -> Result<()> {
+    rustix::fs::fdatasync(fd)
 }
 
 /// Clones all of `src` into `dst` (`FICLONE`): shares extents, copies nothing.

@@ -77,3 +77,35 @@ fn get(fd: BorrowedFd<'_>, name: &CStr, value: &mut Vec<u8>) -> Result<usize> {
         }
     }
 }
+
+/// Whether `src` and `dst` carry the same extended attributes with the same
+/// values (a re-run leaves equal ones alone: setting them changes the ctime).
+pub fn xattrs_equal(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<bool> {
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    let names = |fd, buf: &mut Vec<u8>| -> Result<Vec<Vec<u8>>> {
+        let n = match list(fd, buf) {
+            Err(Errno::OPNOTSUPP) => 0,
+            other => other?,
+        };
+        let mut v: Vec<Vec<u8>> = buf[..n]
+            .split(|&c| c == 0)
+            .filter(|s| !s.is_empty())
+            .map(<[u8]>::to_vec)
+            .collect();
+        v.sort();
+        Ok(v)
+    };
+    let (na, nb) = (names(src, &mut a)?, names(dst, &mut b)?);
+    if na != nb {
+        return Ok(false);
+    }
+    for name in na {
+        let name = std::ffi::CString::new(name).expect("split at NUL");
+        let la = get(src, &name, &mut a)?;
+        let lb = get(dst, &name, &mut b)?;
+        if a[..la] != b[..lb] {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}

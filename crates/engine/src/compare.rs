@@ -1,0 +1,149 @@
+//! Pure decisions about an entry that already exists in DST: is it up to
+//! date, does only its metadata need fixing, or must it be replaced?
+//!
+//! This is the quick check of `sync` and of every re-run (resume included):
+//! a file whose size and nanosecond mtime match was committed by an earlier
+//! run, because sluice sets the source's mtime on the temporary *before*
+//! renaming it into place, so a torn file never carries the source's mtime
+//! under its final name. No I/O here; property tests cover it.
+
+use sluice_sys::{FileType, Stat};
+
+/// What to do with a source entry whose name exists in DST.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Identical as far as the check can tell: leave it alone.
+    Same,
+    /// Same content; mode or owner differ and are fixed in place.
+    FixMeta,
+    /// Different content or kind: copy and rename over it.
+    Replace,
+    /// DST holds a directory where SRC has something else. Replacing it
+    /// would delete a tree, which only `--delete` may do, after the walk.
+    DirInTheWay,
+}
+
+/// Compares an entry's source and destination `statx`. `owners` says owner
+/// and group are preserved (root), so a difference in them matters.
+/// Symlinks and special files compare by kind and times here; a symlink's
+/// target is compared by the caller.
+pub fn verdict(src: &Stat, dst: &Stat, perm_mask: u32, owners: bool) -> Verdict {
+    let kind = src.file_type();
+    if dst.file_type() != kind {
+        return if dst.file_type() == FileType::Directory {
+            Verdict::DirInTheWay
+        } else {
+            Verdict::Replace
+        };
+    }
+    let content_same = match kind {
+        FileType::RegularFile | FileType::Symlink => src.size == dst.size && src.mtime == dst.mtime,
+        FileType::CharacterDevice | FileType::BlockDevice => {
+            src.rdev == dst.rdev && src.mtime == dst.mtime
+        }
+        _ => src.mtime == dst.mtime,
+    };
+    if !content_same {
+        return Verdict::Replace;
+    }
+    if meta_same(src, dst, perm_mask, owners) {
+        Verdict::Same
+    } else {
+        Verdict::FixMeta
+    }
+}
+
+/// Whether mode and (when preserved) owner already match. A symlink's mode
+/// cannot be changed and does not matter, so only its owner counts.
+pub fn meta_same(src: &Stat, dst: &Stat, perm_mask: u32, owners: bool) -> bool {
+    let perm_same =
+        src.file_type() == FileType::Symlink || src.perm() & perm_mask == dst.perm() & perm_mask;
+    let owner_same = !owners || (src.uid == dst.uid && src.gid == dst.gid);
+    perm_same && owner_same
+}
+
+/// Whether a directory that already exists in DST needs its times set
+/// again. Only the mtime counts: atime changes whenever anything lists the
+/// directory, and setting it would change the ctime for nothing.
+pub fn dir_times_differ(src: &Stat, dst: &Stat) -> bool {
+    src.mtime != dst.mtime
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn file(mode: u32, size: u64, mtime: (i64, u32)) -> Stat {
+        Stat {
+            mode,
+            uid: 1000,
+            gid: 1000,
+            nlink: 1,
+            ino: 1,
+            size,
+            blocks: size / 512,
+            dev: (8, 1),
+            rdev: (0, 0),
+            atime: (0, 0),
+            mtime,
+        }
+    }
+
+    const REG: u32 = 0o100000;
+    const DIR: u32 = 0o040000;
+    const LNK: u32 = 0o120000;
+
+    proptest! {
+        #[test]
+        fn equal_stats_are_same(perm in 0u32..0o7777, size: u64, sec: i64, ns in 0u32..1_000_000_000) {
+            let s = file(REG | perm, size, (sec, ns));
+            let mut d = s;
+            d.ino = 99; // the inode and atime never matter
+            d.atime = (5, 5);
+            prop_assert_eq!(verdict(&s, &d, 0o7777, true), Verdict::Same);
+        }
+
+        #[test]
+        fn any_size_or_mtime_change_replaces(size: u64, other: u64, sec: i64, dsec: i64, ns in 0u32..1_000_000_000) {
+            let s = file(REG | 0o644, size, (sec, ns));
+            let d = file(REG | 0o644, other, (dsec, ns));
+            let same = size == other && sec == dsec;
+            prop_assert_eq!(verdict(&s, &d, 0o7777, true) == Verdict::Same, same);
+            if !same { prop_assert_eq!(verdict(&s, &d, 0o7777, true), Verdict::Replace); }
+        }
+
+        #[test]
+        fn a_directory_is_never_replaced_by_a_file(kind in prop::sample::select(vec![REG, LNK, 0o010000, 0o020000])) {
+            let s = file(kind | 0o644, 1, (1, 1));
+            let d = file(DIR | 0o755, 1, (1, 1));
+            prop_assert_eq!(verdict(&s, &d, 0o7777, true), Verdict::DirInTheWay);
+        }
+    }
+
+    #[test]
+    fn mode_and_owner_fix_in_place() {
+        let s = file(REG | 0o644, 10, (1, 2));
+        let mut d = s;
+        d.mode = REG | 0o600;
+        assert_eq!(verdict(&s, &d, 0o7777, false), Verdict::FixMeta);
+        let mut d = s;
+        d.uid = 0;
+        assert_eq!(verdict(&s, &d, 0o7777, true), Verdict::FixMeta);
+        assert_eq!(verdict(&s, &d, 0o7777, false), Verdict::Same);
+        // set-id bits are masked when owners are not kept
+        let s = file(REG | 0o4755, 10, (1, 2));
+        let d = file(REG | 0o755, 10, (1, 2));
+        assert_eq!(verdict(&s, &d, 0o1777, false), Verdict::Same);
+    }
+
+    #[test]
+    fn dir_times_ignore_atime() {
+        let s = file(DIR | 0o755, 0, (7, 7));
+        let mut d = s;
+        d.atime = (9, 9);
+        assert!(!dir_times_differ(&s, &d));
+        d.mtime = (7, 8);
+        assert!(dir_times_differ(&s, &d));
+    }
+}

@@ -1,0 +1,176 @@
+//! `--delete`: removing what DST has and SRC does not, after the walk.
+//!
+//! Extras are only noted while the trees are walked ([`Extras`]); nothing
+//! is removed until every stream is done and the job had no error at all,
+//! so an unreadable source directory (which looks empty) never causes a
+//! deletion. `--max-delete N` stops before the N+1th removal.
+
+use crate::error::{EntryError, Reason, Side};
+use crate::existing::join;
+use crate::job::Shared;
+use sluice_sys::{Errno, FileType};
+use sluice_walk::DirStream;
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Why deleting stopped early.
+enum Stop {
+    /// `--max-delete` reached.
+    Limit,
+    /// An entry could not be removed (reported); the rest of its directory
+    /// is skipped.
+    Failed,
+}
+
+/// Removes the extras noted during the walk; reaching `--max-delete` is
+/// reported as an error (exit 1).
+pub(crate) fn run(shared: &Shared) {
+    let extras = std::mem::take(&mut *shared.extras.lock().expect("extras lock"));
+    if extras.is_empty() {
+        return;
+    }
+    let errors = shared.stats.errors.load(Relaxed);
+    if errors > 0 {
+        shared.reporter().entry_failed(&shared.error(
+            Side::Dst,
+            b"",
+            "delete",
+            Reason::Other(format!(
+                "nothing deleted: the walk had {errors} error(s), so SRC may look emptier than it is"
+            )),
+        ));
+        return;
+    }
+    let root = shared.dst_root_fd.as_ref().expect("not a dry run");
+    let mut stream = DirStream::default();
+    let mut deleter = Deleter {
+        shared,
+        stream: &mut stream,
+    };
+    for group in extras {
+        if shared.stopped() {
+            return;
+        }
+        let dir = match open_rel(root.as_fd(), &group.dir) {
+            Ok(fd) => fd,
+            Err(e) => {
+                shared.fail(shared.error(Side::Dst, &group.dir, "open directory", Reason::Os(e)));
+                continue;
+            }
+        };
+        let mut outcome = Ok(());
+        for (name, is_dir) in &group.names {
+            let rel = join(&group.dir, name.to_bytes());
+            outcome = deleter.remove(dir.as_fd(), name, *is_dir, &rel);
+            if outcome.is_err() {
+                break;
+            }
+        }
+        // Removing entries changed the directory's times; put SRC's back.
+        let _ = sluice_sys::set_times(dir.as_fd(), &group.src_stat);
+        if shared.opts.fsync {
+            let _ = sluice_sys::sync(dir.as_fd());
+        }
+        if let Err(Stop::Limit) = outcome {
+            let max = shared.opts.max_delete.unwrap_or(0);
+            shared.fail(shared.error(
+                Side::Dst,
+                b"",
+                "delete",
+                Reason::Other(format!(
+                    "--max-delete {max} reached; stopped before deleting more"
+                )),
+            ));
+            return;
+        }
+    }
+}
+
+struct Deleter<'a> {
+    shared: &'a Shared,
+    stream: &'a mut DirStream,
+}
+
+impl Deleter<'_> {
+    /// Takes one deletion from the `--max-delete` budget.
+    fn take_one(&self) -> Result<(), Stop> {
+        let done = self.shared.stats.deleted.load(Relaxed);
+        match self.shared.opts.max_delete {
+            Some(max) if done >= max => Err(Stop::Limit),
+            _ => Ok(()),
+        }
+    }
+
+    fn fail(&self, rel: &[u8], op: &'static str, e: Errno) -> Stop {
+        let err: EntryError = self.shared.error(Side::Dst, rel, op, Reason::Os(e));
+        self.shared.fail(err);
+        Stop::Failed
+    }
+
+    /// Removes `name` (a whole tree if it is a directory), never following
+    /// a symlink: directories are opened with `O_NOFOLLOW`.
+    fn remove(
+        &mut self,
+        dir: BorrowedFd<'_>,
+        name: &CStr,
+        is_dir: bool,
+        rel: &[u8],
+    ) -> Result<(), Stop> {
+        if is_dir {
+            let fd = match sluice_sys::open_dir_at(dir, name) {
+                Ok(fd) => fd,
+                Err(Errno::NOENT) => return Ok(()),
+                Err(e) => return Err(self.fail(rel, "open directory", e)),
+            };
+            self.empty(fd, rel)?;
+        }
+        self.take_one()?;
+        let res = if is_dir {
+            sluice_sys::rmdir_at(dir, name)
+        } else {
+            sluice_sys::unlink_at(dir, name)
+        };
+        match res {
+            Ok(()) => {
+                self.shared.stats.deleted.fetch_add(1, Relaxed);
+                self.shared
+                    .reporter()
+                    .entry_deleted(&self.shared.full_path(Side::Dst, rel));
+                Ok(())
+            }
+            Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(self.fail(rel, "delete", e)),
+        }
+    }
+
+    /// Removes everything inside an open directory, depth first.
+    fn empty(&mut self, fd: OwnedFd, rel: &[u8]) -> Result<(), Stop> {
+        let mut names = Vec::new();
+        let listed = self.stream.for_each(fd.as_fd(), |e| {
+            names.push(e.name.to_owned());
+            true
+        });
+        if let Err(e) = listed {
+            return Err(self.fail(rel, "list", e));
+        }
+        for name in names {
+            let is_dir = sluice_sys::stat_at(fd.as_fd(), &name)
+                .is_ok_and(|st| st.file_type() == FileType::Directory);
+            let child = join(rel, name.to_bytes());
+            self.remove(fd.as_fd(), &name, is_dir, &child)?;
+        }
+        Ok(())
+    }
+}
+
+/// Opens a directory given relative to DST's root, one component at a time
+/// so no symlink is followed and no path length limit applies.
+pub(crate) fn open_rel(root: BorrowedFd<'_>, rel: &[u8]) -> Result<OwnedFd, Errno> {
+    let mut cur = root.try_clone_to_owned().map_err(|_| Errno::MFILE)?;
+    for part in rel.split(|&b| b == b'/').filter(|p| !p.is_empty()) {
+        let name = CString::new(part).map_err(|_| Errno::INVAL)?;
+        cur = sluice_sys::open_dir_at(cur.as_fd(), &name)?;
+    }
+    Ok(cur)
+}

@@ -1,0 +1,287 @@
+//! What a stream does when DST already has a directory: find the entries
+//! that are up to date (and leave them untouched, so a re-run writes
+//! nothing and changes no ctime), remove temporaries an interrupted run
+//! left, and note the entries SRC no longer has for `--delete`.
+//!
+//! Only directories that existed before this run are checked; a directory
+//! this run created costs nothing extra, so a first copy pays nothing for
+//! resume.
+
+use crate::compare::{self, Verdict};
+use crate::copy::link_key;
+use crate::error::{Reason, Side};
+use crate::job::LinkState;
+use crate::tree::DirNode;
+use crate::worker::Worker;
+use sluice_sys::{Errno, FileType, Stat};
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Entries of one DST directory that SRC does not have, removed after the
+/// walk if it had no error.
+pub(crate) struct Extras {
+    /// The directory, relative to DST's root.
+    pub dir: Vec<u8>,
+    /// The source directory's metadata, re-applied after the removal
+    /// changed the directory's times.
+    pub src_stat: Stat,
+    /// Names, and whether each is a directory.
+    pub names: Vec<(CString, bool)>,
+}
+
+impl Worker {
+    /// Checks `dst_name` in an existing DST directory against the source
+    /// entry `st`. Returns true when the entry needs no copy: it is up to
+    /// date (metadata fixed in place if needed), or it cannot be replaced
+    /// and that was reported.
+    pub(crate) fn up_to_date(
+        &mut self,
+        node: &DirNode,
+        src_name: &CStr,
+        dst_name: &CStr,
+        st: &Stat,
+    ) -> bool {
+        let sh = self.shared.clone();
+        let dst = match sluice_sys::stat_at(node.dst(), dst_name) {
+            Ok(d) => d,
+            Err(Errno::NOENT) => return false,
+            Err(e) => {
+                sh.fail(node.error(dst_name, Side::Dst, "stat", Reason::Os(e)));
+                return true;
+            }
+        };
+        let owners = sh.opts.preserve_owner;
+        match compare::verdict(st, &dst, sh.opts.perm_mask(), owners) {
+            Verdict::Replace => return false,
+            Verdict::DirInTheWay => {
+                sh.fail(
+                    node.error(
+                        dst_name,
+                        Side::Dst,
+                        "replace",
+                        Reason::Other(
+                            "a directory is in the way (sync --delete removes it, after the walk)"
+                                .into(),
+                        ),
+                    ),
+                );
+                return true;
+            }
+            Verdict::Same | Verdict::FixMeta => {}
+        }
+        let same = match st.file_type() {
+            FileType::RegularFile => {
+                (!sh.opts.checksum || self.same_content(node, src_name, dst_name))
+                    && self.links_intact(node, dst_name, st, &dst)
+            }
+            FileType::Symlink => self.same_target(node, src_name, dst_name),
+            _ => true,
+        };
+        if !same {
+            return false;
+        }
+        if !compare::meta_same(st, &dst, sh.opts.perm_mask(), owners) {
+            if let Err(e) = self.fix_meta(node, dst_name, st) {
+                // Not fixable in place (say, a file DST cannot open): copy it.
+                if e == Errno::ACCESS || st.file_type() != FileType::RegularFile {
+                    return false;
+                }
+                sh.fail(node.error(dst_name, Side::Dst, "set metadata", Reason::Os(e)));
+                return true;
+            }
+        }
+        sh.stats.unchanged.fetch_add(1, Relaxed);
+        true
+    }
+
+    /// Sets mode and owner of an up-to-date entry without rewriting it,
+    /// through a descriptor opened without following links.
+    fn fix_meta(&self, node: &DirNode, dst_name: &CStr, st: &Stat) -> Result<(), Errno> {
+        let owners = self.shared.opts.preserve_owner;
+        if st.file_type() == FileType::Symlink {
+            return if owners {
+                sluice_sys::set_owner_at(node.dst(), dst_name, st)
+            } else {
+                Ok(())
+            };
+        }
+        if st.file_type() != FileType::RegularFile {
+            return Err(Errno::OPNOTSUPP); // specials are cheaper to recreate
+        }
+        let fd = sluice_sys::open_read_at(node.dst(), dst_name)?;
+        if owners {
+            sluice_sys::set_owner(fd.as_fd(), st)?;
+        }
+        sluice_sys::set_perm(fd.as_fd(), st.perm() & self.shared.opts.perm_mask())
+    }
+
+    /// Whether a hard-linked source file's name in DST is linked like in
+    /// SRC: the first name seen stands for the group, later names must be
+    /// the same DST inode.
+    fn links_intact(&self, node: &DirNode, dst_name: &CStr, st: &Stat, dst: &Stat) -> bool {
+        let Some(key) = link_key(st) else {
+            return true;
+        };
+        let mut links = self.shared.links.lock().expect("links lock");
+        match links.get(&key) {
+            None => {
+                links.insert(key, LinkState::Done(node.child_rel(dst_name), dst.ino));
+                true
+            }
+            Some(LinkState::Done(_, ino)) => *ino == dst.ino,
+            Some(_) => false,
+        }
+    }
+
+    /// Whether a symlink in DST points where the source's does.
+    fn same_target(&mut self, node: &DirNode, src_name: &CStr, dst_name: &CStr) -> bool {
+        let reuse = std::mem::take(&mut self.scratch.link);
+        let Ok(src) = sluice_sys::readlink_at(node.src.as_fd(), src_name, reuse) else {
+            return false;
+        };
+        let same =
+            sluice_sys::readlink_at(node.dst(), dst_name, Vec::new()).is_ok_and(|dst| dst == src);
+        self.scratch.link = src.into_bytes();
+        same
+    }
+
+    /// `--checksum`: compares the two files byte for byte. Both are local,
+    /// so comparing the bytes is cheaper than hashing them.
+    fn same_content(&mut self, node: &DirNode, src_name: &CStr, dst_name: &CStr) -> bool {
+        let (Ok(src), Ok(dst)) = (
+            sluice_sys::open_read_at(node.src.as_fd(), src_name),
+            sluice_sys::open_read_at(node.dst(), dst_name),
+        ) else {
+            return false;
+        };
+        let buf = self.scratch.buf();
+        let (a, b) = buf.split_at_mut(buf.len() / 2);
+        let mut off = 0u64;
+        loop {
+            let n = match sluice_sys::read_full_at(src.as_fd(), a, off) {
+                Ok(n) => n,
+                Err(_) => return false,
+            };
+            let m = match sluice_sys::read_full_at(dst.as_fd(), &mut b[..n.max(1)], off) {
+                Ok(m) => m,
+                Err(_) => return false,
+            };
+            if n != m || a[..n] != b[..n] {
+                return false;
+            }
+            if n < a.len() {
+                return true;
+            }
+            off += n as u64;
+        }
+    }
+
+    /// Owner, extended attributes and ACLs of a directory in DST. One that
+    /// existed is only touched where it differs, so a re-run changes no
+    /// ctime.
+    pub(crate) fn dir_owner_and_xattrs(
+        &mut self,
+        parent: &DirNode,
+        name: &CStr,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        st: &Stat,
+        existed: bool,
+    ) -> Result<(), crate::EntryError> {
+        if !existed {
+            return self.copy_owner_and_xattrs(parent, name, src, dst, st);
+        }
+        let err = |op, e| parent.error(name, Side::Dst, op, Reason::Os(e));
+        let now = sluice_sys::stat_fd(dst).map_err(|e| err("stat", e))?;
+        if self.shared.opts.preserve_owner && (now.uid, now.gid) != (st.uid, st.gid) {
+            sluice_sys::set_owner(dst, st).map_err(|e| err("chown", e))?;
+        }
+        if !sluice_sys::xattrs_equal(src, dst).unwrap_or(false) {
+            let s = &mut self.scratch;
+            sluice_sys::copy_xattrs(src, dst, &mut s.xattr_names, &mut s.xattr_value)
+                .map_err(|(e, _)| err("copy extended attributes", e))?;
+        }
+        Ok(())
+    }
+
+    /// Lists a DST directory that existed before this run: removes
+    /// temporaries an interrupted run left (safe, since this run holds DST's
+    /// lock) and, with `--delete`, notes entries SRC does not have. Costs
+    /// one listing per pre-existing directory, none on a first copy.
+    pub(crate) fn scan_existing(
+        &mut self,
+        rel: &[u8],
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        src_stat: &Stat,
+    ) {
+        let sh = self.shared.clone();
+        let mut stream = self.scratch.stream.take().unwrap_or_default();
+        let mut stale = Vec::new();
+        let mut extras = Vec::new();
+        let at_root = rel.is_empty();
+        let res = stream.for_each(dst, |entry| {
+            let name = entry.name;
+            if sluice_sys::is_temp_name(name.to_bytes()) {
+                if !sh.journal_owns(rel, name) {
+                    stale.push(name.to_owned());
+                }
+                return true;
+            }
+            if !sh.opts.delete || (at_root && crate::journal::is_journal_name(name.to_bytes())) {
+                return true;
+            }
+            match sluice_sys::stat_at(src, name) {
+                Err(Errno::NOENT) => {}
+                _ => return true, // in SRC, or unknown: never delete on doubt
+            }
+            let is_dir = sluice_sys::stat_at(dst, name)
+                .is_ok_and(|st| st.file_type() == FileType::Directory);
+            let filter = &sh.opts.filter;
+            if !filter.is_empty() {
+                let path = if filter.needs_path() {
+                    join(rel, name.to_bytes())
+                } else {
+                    Vec::new()
+                };
+                // Excluded entries are not part of the job: kept.
+                if filter.excludes(name.to_bytes(), &path, is_dir) {
+                    return true;
+                }
+            }
+            extras.push((name.to_owned(), is_dir));
+            true
+        });
+        self.scratch.stream = Some(stream);
+        let fail = |op, e| sh.fail(sh.error(Side::Dst, rel, op, Reason::Os(e)));
+        if let Err(e) = res {
+            return fail("list", e);
+        }
+        for name in stale {
+            if let Err(e) = sluice_sys::unlink_at(dst, &name) {
+                if e != Errno::NOENT {
+                    fail("remove leftover temporary", e);
+                }
+            }
+        }
+        if !extras.is_empty() {
+            sh.extras.lock().expect("extras lock").push(Extras {
+                dir: rel.to_vec(),
+                src_stat: *src_stat,
+                names: extras,
+            });
+        }
+    }
+}
+
+/// `dir/name`, or `name` at the root.
+pub(crate) fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
+    p.extend_from_slice(dir);
+    if !p.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}

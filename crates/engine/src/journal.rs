@@ -1,0 +1,473 @@
+//! The restart journal: which chunks of each big file in flight have
+//! landed, so a re-run after kill -9, power loss or SIGINT copies only the
+//! chunks that had not.
+//!
+//! Small files need no record: an entry is done when DST has it under its
+//! final name with the source's size and mtime, which sluice sets on the
+//! temporary before the rename (see `compare`). That is both cheaper than a
+//! row per file (the dense copy writes nothing here) and more truthful (a
+//! row could claim a file that was deleted since).
+//!
+//! The journal is a redb file in DST's root directory, created when the
+//! first big file starts and removed when the job ends with nothing left to
+//! resume, so after a successful run no state file remains inside DST.
+//! One collector thread owns it: streams send it messages, it batches them
+//! into one transaction per wake-up (group commit), and before committing
+//! a chunk record it `fdatasync`s the file the chunk was written to, so a
+//! record never claims more than a crash would keep.
+
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use sluice_sys::Stat;
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// Big files in flight, keyed by their path relative to DST's root.
+const FILES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("files");
+
+/// Name of the journal of a tree job, in DST's root.
+const TREE_NAME: &str = ".sluice-journal.redb";
+
+/// Whether `name` is one of sluice's journal files (never deleted by
+/// `--delete`, never mistaken for data).
+pub fn is_journal_name(name: &[u8]) -> bool {
+    name.starts_with(b".sluice-journal")
+}
+
+/// The journal's file name for a job writing `single` (a single-file copy:
+/// one journal per target name, so two such jobs into one directory do not
+/// share it) or a whole tree.
+fn file_name(single: Option<&[u8]>) -> String {
+    match single {
+        None => TREE_NAME.to_string(),
+        Some(name) => format!(
+            ".sluice-journal-{:016x}.redb",
+            xxhash_rust::xxh3::xxh3_64(name)
+        ),
+    }
+}
+
+/// A big file being copied: where its temporary is, which source it copies
+/// (a changed source invalidates the record), and which chunks landed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Record {
+    pub temp: Vec<u8>,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime: (i64, u32),
+    pub chunk_size: u64,
+    /// One bit per chunk, set when the chunk is durably in the temporary.
+    pub done: Vec<u8>,
+}
+
+impl Record {
+    pub fn new(temp: &[u8], st: &Stat, chunk_size: u64, chunks: u64) -> Record {
+        Record {
+            temp: temp.to_vec(),
+            ino: st.ino,
+            size: st.size,
+            mtime: st.mtime,
+            chunk_size,
+            done: vec![0; chunks.div_ceil(8) as usize],
+        }
+    }
+
+    /// Whether the record is about this very source file, cut the same way.
+    pub fn matches(&self, st: &Stat, chunk_size: u64) -> bool {
+        self.ino == st.ino
+            && self.size == st.size
+            && self.mtime == st.mtime
+            && self.chunk_size == chunk_size
+    }
+
+    pub fn is_done(&self, i: u64) -> bool {
+        self.done
+            .get((i / 8) as usize)
+            .is_some_and(|b| b & (1 << (i % 8)) != 0)
+    }
+
+    fn set_done(&mut self, i: u64) {
+        if let Some(b) = self.done.get_mut((i / 8) as usize) {
+            *b |= 1 << (i % 8);
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(48 + self.temp.len() + self.done.len());
+        v.extend_from_slice(&self.ino.to_le_bytes());
+        v.extend_from_slice(&self.size.to_le_bytes());
+        v.extend_from_slice(&self.mtime.0.to_le_bytes());
+        v.extend_from_slice(&self.mtime.1.to_le_bytes());
+        v.extend_from_slice(&self.chunk_size.to_le_bytes());
+        v.extend_from_slice(&(self.temp.len() as u32).to_le_bytes());
+        v.extend_from_slice(&self.temp);
+        v.extend_from_slice(&self.done);
+        v
+    }
+
+    fn decode(mut b: &[u8]) -> Option<Record> {
+        fn take<const N: usize>(b: &mut &[u8]) -> Option<[u8; N]> {
+            let (head, rest) = b.split_first_chunk::<N>()?;
+            *b = rest;
+            Some(*head)
+        }
+        let ino = u64::from_le_bytes(take(&mut b)?);
+        let size = u64::from_le_bytes(take(&mut b)?);
+        let sec = i64::from_le_bytes(take(&mut b)?);
+        let nsec = u32::from_le_bytes(take(&mut b)?);
+        let chunk_size = u64::from_le_bytes(take(&mut b)?);
+        let tlen = u32::from_le_bytes(take(&mut b)?) as usize;
+        if b.len() < tlen {
+            return None;
+        }
+        let (temp, done) = b.split_at(tlen);
+        Some(Record {
+            temp: temp.to_vec(),
+            ino,
+            size,
+            mtime: (sec, nsec),
+            chunk_size,
+            done: done.to_vec(),
+        })
+    }
+}
+
+enum Msg {
+    /// A big file started (or resumed) with this record.
+    Begin(Vec<u8>, Record),
+    /// Chunk `i` of a file was written to this descriptor.
+    Chunk(Vec<u8>, u64, Arc<OwnedFd>),
+    /// The file is committed, or failed and its temporary removed.
+    Forget(Vec<u8>),
+}
+
+/// The journal of one job. Cheap when unused: no file, no thread.
+pub(crate) struct Journal {
+    path: PathBuf,
+    /// Records an earlier run left, not yet claimed by this run.
+    resumable: Mutex<HashMap<Vec<u8>, Record>>,
+    /// `(directory, temporary name)` of every resumable record, so leftover
+    /// cleanup keeps those temporaries.
+    owned: HashSet<(Vec<u8>, Vec<u8>)>,
+    db: Mutex<Option<redb::Database>>,
+    tx: Mutex<Option<Sender<Msg>>>,
+    collector: Mutex<Option<JoinHandle<Result<(), String>>>>,
+    /// Files whose data failed to reach the disk (`fdatasync` error).
+    sync_failed: Arc<Mutex<HashSet<Vec<u8>>>>,
+    /// Set when the journal cannot be written: the job goes on without
+    /// resume state.
+    broken: AtomicBool,
+}
+
+/// Splits `a/b/name` into (`a/b`, `name`).
+pub(crate) fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
+    match rel.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&rel[..i], &rel[i + 1..]),
+        None => (&[], rel),
+    }
+}
+
+impl Journal {
+    /// Opens the journal an earlier run left in `dst_dir` (an open
+    /// descriptor, which must stay open as long as the journal, so the
+    /// path cannot be swapped), if there is one. A
+    /// journal that cannot be read is removed: its temporaries are then
+    /// leftovers like any other, and those files start over.
+    pub fn open(dst_dir: &OwnedFd, single: Option<&[u8]>) -> Journal {
+        let path = PathBuf::from(format!(
+            "/proc/self/fd/{}/{}",
+            dst_dir.as_raw_fd(),
+            file_name(single)
+        ));
+        let (resumable, db) = match read(&path) {
+            Ok(found) => found,
+            Err(_) => {
+                let _ = std::fs::remove_file(&path);
+                (HashMap::new(), None)
+            }
+        };
+        let owned = resumable
+            .iter()
+            .map(|(rel, rec)| (split_rel(rel).0.to_vec(), rec.temp.clone()))
+            .collect();
+        Journal {
+            path,
+            resumable: Mutex::new(resumable),
+            owned,
+            db: Mutex::new(db),
+            tx: Mutex::new(None),
+            collector: Mutex::new(None),
+            sync_failed: Arc::new(Mutex::new(HashSet::new())),
+            broken: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the temporary `name` in directory `dir` belongs to a record
+    /// this run may resume.
+    pub fn owns(&self, dir: &[u8], name: &[u8]) -> bool {
+        !self.owned.is_empty() && self.owned.contains(&(dir.to_vec(), name.to_vec()))
+    }
+
+    /// Takes the record an earlier run left for `rel`, if any.
+    pub fn take(&self, rel: &[u8]) -> Option<Record> {
+        let mut r = self.resumable.lock().expect("journal lock");
+        if r.is_empty() {
+            return None;
+        }
+        r.remove(rel)
+    }
+
+    /// Records left unclaimed by this run (their sources vanished, or are
+    /// now up to date in DST): to be cleaned up after a complete walk.
+    pub fn unclaimed(&self) -> Vec<(Vec<u8>, Record)> {
+        self.resumable
+            .lock()
+            .expect("journal lock")
+            .drain()
+            .collect()
+    }
+
+    pub fn begin(&self, rel: &[u8], rec: Record) {
+        self.send(Msg::Begin(rel.to_vec(), rec));
+    }
+
+    pub fn chunk_done(&self, rel: &[u8], i: u64, fd: &Arc<OwnedFd>) {
+        self.send(Msg::Chunk(rel.to_vec(), i, fd.clone()));
+    }
+
+    pub fn forget(&self, rel: &[u8]) {
+        self.send(Msg::Forget(rel.to_vec()));
+    }
+
+    /// Whether the data of `rel` failed to reach the disk.
+    pub fn sync_failed(&self, rel: &[u8]) -> bool {
+        self.sync_failed.lock().expect("journal lock").contains(rel)
+    }
+
+    /// Whether records are being kept (the journal could be written).
+    pub fn working(&self) -> bool {
+        !self.broken.load(Relaxed)
+    }
+
+    fn send(&self, msg: Msg) {
+        if self.broken.load(Relaxed) {
+            return;
+        }
+        let mut tx = self.tx.lock().expect("journal lock");
+        if tx.is_none() {
+            match self.start() {
+                Ok(t) => *tx = Some(t),
+                Err(_) => {
+                    self.broken.store(true, Relaxed);
+                    return;
+                }
+            }
+        }
+        if let Some(t) = tx.as_ref() {
+            let _ = t.send(msg);
+        }
+    }
+
+    /// Creates the file if needed and starts the collector thread.
+    fn start(&self) -> Result<Sender<Msg>, String> {
+        let db = match self.db.lock().expect("journal lock").take() {
+            Some(db) => db,
+            None => {
+                // Owner-only: the umask is cleared for the job, and the
+                // journal names files that may be private.
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .mode(0o600)
+                    .open(&self.path)
+                    .map_err(|e| e.to_string())?;
+                redb::Database::create(&self.path).map_err(|e| e.to_string())?
+            }
+        };
+        let (tx, rx) = channel();
+        let failed = self.sync_failed.clone();
+        let handle = std::thread::Builder::new()
+            .name("journal".into())
+            .spawn(move || collect(db, rx, failed))
+            .map_err(|e| e.to_string())?;
+        *self.collector.lock().expect("journal lock") = Some(handle);
+        Ok(tx)
+    }
+
+    /// Stops the collector after its last commit. When no record remains
+    /// the file is removed, and true returned.
+    /// `clean` lists records to drop first (their temporaries are gone).
+    pub fn close(&self, clean: &[Vec<u8>]) -> bool {
+        for rel in clean {
+            self.forget(rel);
+        }
+        drop(self.tx.lock().expect("journal lock").take());
+        let handle = self.collector.lock().expect("journal lock").take();
+        let collected = handle.map(|h| h.join());
+        if let Some(Ok(Err(_)) | Err(_)) = collected {
+            self.broken.store(true, Relaxed);
+        }
+        // Whatever the collector committed is in the file; count what is left.
+        let db = match self.db.lock().expect("journal lock").take() {
+            Some(db) => Some(db),
+            None if self.path.exists() => redb::Database::open(&self.path).ok(),
+            None => None,
+        };
+        let Some(db) = db else {
+            return false;
+        };
+        let left = db
+            .begin_read()
+            .ok()
+            .and_then(|r| match r.open_table(FILES) {
+                Ok(t) => t.iter().ok().map(|rows| rows.count() as u64),
+                Err(redb::TableError::TableDoesNotExist(_)) => Some(0),
+                Err(_) => None,
+            })
+            .unwrap_or(1);
+        drop(db);
+        left == 0 && std::fs::remove_file(&self.path).is_ok()
+    }
+}
+
+type Resumable = HashMap<Vec<u8>, Record>;
+
+/// Reads every record of an existing journal file.
+fn read(path: &std::path::Path) -> Result<(Resumable, Option<redb::Database>), String> {
+    let mut resumable = HashMap::new();
+    if !path.exists() {
+        return Ok((resumable, None));
+    }
+    let db = redb::Database::open(path).map_err(|e| e.to_string())?;
+    let read = db.begin_read().map_err(|e| e.to_string())?;
+    match read.open_table(FILES) {
+        Ok(table) => {
+            for row in table.iter().map_err(|e| e.to_string())? {
+                let (k, v) = row.map_err(|e| e.to_string())?;
+                if let Some(rec) = Record::decode(v.value()) {
+                    resumable.insert(k.value().to_vec(), rec);
+                }
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    drop(read);
+    Ok((resumable, Some(db)))
+}
+
+/// The collector: one transaction per wake-up, each covering every message
+/// that arrived meanwhile, data synced before the records that claim it.
+fn collect(
+    db: redb::Database,
+    rx: Receiver<Msg>,
+    sync_failed: Arc<Mutex<HashSet<Vec<u8>>>>,
+) -> Result<(), String> {
+    let mut live: HashMap<Vec<u8>, Record> = HashMap::new();
+    while let Ok(first) = rx.recv() {
+        let mut dirty: HashSet<Vec<u8>> = HashSet::new();
+        let mut gone: HashSet<Vec<u8>> = HashSet::new();
+        let mut landed: Vec<(Vec<u8>, u64, Arc<OwnedFd>)> = Vec::new();
+        for msg in std::iter::once(first).chain(rx.try_iter()) {
+            match msg {
+                Msg::Begin(rel, rec) => {
+                    gone.remove(&rel);
+                    dirty.insert(rel.clone());
+                    live.insert(rel, rec);
+                }
+                Msg::Chunk(rel, i, fd) => landed.push((rel, i, fd)),
+                Msg::Forget(rel) => {
+                    live.remove(&rel);
+                    dirty.remove(&rel);
+                    landed.retain(|(r, ..)| *r != rel);
+                    gone.insert(rel);
+                }
+            }
+        }
+        // Data first: one fdatasync per file, then the records claiming it.
+        let mut synced: HashMap<Vec<u8>, bool> = HashMap::new();
+        for (rel, i, fd) in landed {
+            let ok = *synced
+                .entry(rel.clone())
+                .or_insert_with(|| sluice_sys::sync_data(fd.as_fd()).is_ok());
+            if !ok {
+                sync_failed.lock().expect("journal lock").insert(rel);
+                continue;
+            }
+            if let Some(rec) = live.get_mut(&rel) {
+                rec.set_done(i);
+                dirty.insert(rel);
+            }
+        }
+        let txn = db.begin_write().map_err(|e| e.to_string())?;
+        {
+            let mut table = txn.open_table(FILES).map_err(|e| e.to_string())?;
+            for rel in &gone {
+                table.remove(rel.as_slice()).map_err(|e| e.to_string())?;
+            }
+            for rel in &dirty {
+                if let Some(rec) = live.get(rel) {
+                    table
+                        .insert(rel.as_slice(), rec.encode().as_slice())
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+        }
+        txn.commit().map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn records_round_trip(temp in prop::collection::vec(any::<u8>(), 0..64),
+                              ino: u64, size: u64, sec: i64, nsec: u32, chunk: u64,
+                              done in prop::collection::vec(any::<u8>(), 0..64)) {
+            let rec = Record { temp, ino, size, mtime: (sec, nsec), chunk_size: chunk, done };
+            prop_assert_eq!(Record::decode(&rec.encode()), Some(rec));
+        }
+
+        #[test]
+        fn truncated_records_are_refused(cut in 0usize..40) {
+            let rec = Record { temp: b".sluice-1-2.tmp".to_vec(), ino: 1, size: 2, mtime: (3, 4), chunk_size: 5, done: vec![] };
+            let bytes = rec.encode();
+            prop_assert_eq!(Record::decode(&bytes[..cut.min(bytes.len() - 1)]), None);
+        }
+    }
+
+    #[test]
+    fn bitmap() {
+        let st = Stat {
+            mode: 0o100644,
+            uid: 0,
+            gid: 0,
+            nlink: 1,
+            ino: 7,
+            size: 100,
+            blocks: 1,
+            dev: (1, 1),
+            rdev: (0, 0),
+            atime: (0, 0),
+            mtime: (1, 2),
+        };
+        let mut r = Record::new(b"t", &st, 10, 10);
+        assert_eq!(r.done.len(), 2);
+        r.set_done(9);
+        r.set_done(0);
+        assert!(r.is_done(9) && r.is_done(0) && !r.is_done(8));
+        assert!(!r.is_done(1000));
+        assert!(r.matches(&st, 10));
+        assert!(!r.matches(&st, 20));
+    }
+}
