@@ -16,14 +16,60 @@ pub fn sluice() -> Command {
 
 /// Runs `sluice copy SRC DST ARGS` and returns its output.
 pub fn copy(src: &Path, dst: &Path, args: &[&str]) -> Output {
+    run_cmd("copy", src, dst, args)
+}
+
+/// Runs `sluice sync SRC DST ARGS` and returns its output.
+pub fn sync(src: &Path, dst: &Path, args: &[&str]) -> Output {
+    run_cmd("sync", src, dst, args)
+}
+
+/// Runs `sluice COMMAND SRC DST ARGS --no-progress`.
+pub fn run_cmd(command: &str, src: &Path, dst: &Path, args: &[&str]) -> Output {
     sluice()
-        .arg("copy")
+        .arg(command)
         .arg(src)
         .arg(dst)
         .args(args)
         .arg("--no-progress")
         .output()
         .expect("run sluice")
+}
+
+/// The summary object that ends a `--json` run's stdout.
+pub fn summary(o: &Output) -> serde_json::Value {
+    let out = stdout(o);
+    let last = out
+        .lines()
+        .last()
+        .unwrap_or_else(|| panic!("no output; stderr: {}", stderr(o)));
+    let v: serde_json::Value = serde_json::from_str(last).expect("summary is JSON");
+    assert_eq!(v["type"], "summary", "{out}");
+    v
+}
+
+/// The `{"type": kind}` lines of a `--json` run's stdout.
+pub fn json_lines(o: &Output, kind: &str) -> Vec<serde_json::Value> {
+    stdout(o)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["type"] == kind)
+        .collect()
+}
+
+/// (path, ctime) of every entry under `root`, and of the root itself: a
+/// run that changes nothing leaves all of them alone.
+pub fn ctimes(root: &Path) -> Vec<(PathBuf, (i64, i64))> {
+    let mut v: Vec<_> = entries(root)
+        .into_iter()
+        .map(|rel| {
+            let m = fs::symlink_metadata(root.join(&rel)).unwrap();
+            (rel, (m.ctime(), m.ctime_nsec()))
+        })
+        .collect();
+    let m = fs::metadata(root).unwrap();
+    v.push((PathBuf::new(), (m.ctime(), m.ctime_nsec())));
+    v
 }
 
 pub fn code(o: &Output) -> i32 {
@@ -386,10 +432,15 @@ pub fn nobody_dir(name: &str, mode: u32) -> Option<tempfile::TempDir> {
 
 /// Runs `sluice copy --no-progress ARGS SRC DST` as user `nobody`.
 pub fn copy_as_nobody(src: &Path, dst: &Path, args: &[&str]) -> Output {
+    as_nobody("copy", src, dst, args)
+}
+
+/// Runs `sluice COMMAND --no-progress ARGS SRC DST` as user `nobody`.
+pub fn as_nobody(command: &str, src: &Path, dst: &Path, args: &[&str]) -> Output {
     Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(env!("CARGO_BIN_EXE_sluice"))
-        .args(["copy", "--no-progress"])
+        .args([command, "--no-progress"])
         .args(args)
         .arg(src)
         .arg(dst)
@@ -403,15 +454,30 @@ pub fn copy_as_nobody(src: &Path, dst: &Path, args: &[&str]) -> Output {
 /// command for the caller to run; `None`, with the reason printed, when
 /// strace is missing.
 pub fn copy_under_strace(inject: &str, src: &Path, dst: &Path, args: &[&str]) -> Option<Command> {
+    under_strace("pwrite64", inject, "copy", src, dst, args)
+}
+
+/// `sluice COMMAND --no-progress ARGS SRC DST` under strace, with `inject`
+/// applied to `syscall` (see `copy_under_strace`).
+pub fn under_strace(
+    syscall: &str,
+    inject: &str,
+    command: &str,
+    src: &Path,
+    dst: &Path,
+    args: &[&str],
+) -> Option<Command> {
     if !have("strace") {
         eprintln!("skipped: strace is not installed");
         return None;
     }
     let mut cmd = Command::new("strace");
-    cmd.args(["-f", "-o", "/dev/null", "-e", "trace=pwrite64", "-e"])
-        .arg(format!("inject=pwrite64:{inject}"))
+    cmd.args(["-f", "-o", "/dev/null", "-e"])
+        .arg(format!("trace={syscall}"))
+        .arg("-e")
+        .arg(format!("inject={syscall}:{inject}"))
         .arg(env!("CARGO_BIN_EXE_sluice"))
-        .args(["copy", "--no-progress"])
+        .args([command, "--no-progress"])
         .args(args)
         .arg(src)
         .arg(dst);

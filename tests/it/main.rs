@@ -6,3 +6,5 @@ mod common;
 mod copy;
 mod faults;
 mod fs;
+mod resume;
+mod sync;

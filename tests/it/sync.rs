@@ -1,0 +1,205 @@
+//! `sluice sync` (and re-runs of `copy`): only what differs is written,
+//! and `--delete` is safe.
+
+use crate::common::*;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+/// A tree with every kind of entry sync has to compare.
+fn tree(src: &Path) {
+    write(&src.join("a/one"), b"one");
+    write(&src.join("a/b/two"), &bytes(5000, 2));
+    write(&src.join("big.bin"), &bytes(3 << 20, 3)); // chunked at 1M
+    write(&src.join("top"), b"top");
+    std::os::unix::fs::symlink("a/one", src.join("link")).unwrap();
+    fs::hard_link(src.join("top"), src.join("a/top-again")).unwrap();
+    fs::set_permissions(src.join("a/b"), fs::Permissions::from_mode(0o750)).unwrap();
+    rustix::fs::setxattr(
+        src.join("a"),
+        "user.tag",
+        b"dir",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .ok(); // tmpfs before 6.6 has no user xattrs: compared as absent then
+}
+
+const ARGS: &[&str] = &["--chunk-size", "1M", "--json"];
+
+#[test]
+fn unchanged_resync_writes_nothing_and_changes_no_ctime() {
+    let t = disk_dir("resync");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    tree(&src);
+    ok(&copy(&src, &dst, ARGS));
+    let before = ctimes(&dst);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    for out in [sync(&src, &dst, ARGS), copy(&src, &dst, ARGS)] {
+        ok(&out);
+        let s = summary(&out);
+        assert_eq!(s["files_copied"], 0, "{s}");
+        assert_eq!(s["bytes_copied"], 0, "{s}");
+        // one, two, big.bin, top, link, top-again
+        assert_eq!(s["files_unchanged"], 6, "{s}");
+        assert_eq!(ctimes(&dst), before, "a re-run touched DST");
+    }
+    assert_same_tree(&src, &dst);
+}
+
+#[test]
+fn sync_copies_only_what_changed() {
+    let t = disk_dir("changed");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    tree(&src);
+    ok(&copy(&src, &dst, ARGS));
+    let mode_only_ino = fs::metadata(dst.join("a/one")).unwrap().ino();
+    // content (same size, new mtime), mode only, symlink target, new file,
+    // new directory, a file that became a directory and the reverse
+    write(&src.join("a/b/two"), &bytes(5000, 9));
+    fs::set_permissions(src.join("a/one"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::remove_file(src.join("link")).unwrap();
+    std::os::unix::fs::symlink("top", src.join("link")).unwrap();
+    write(&src.join("new/file"), b"new");
+    // top becomes a directory; its hard link a/top-again stays, alone
+    fs::remove_file(src.join("top")).unwrap();
+    write(&src.join("top/inside"), b"now a directory");
+    let out = sync(&src, &dst, ARGS);
+    ok(&out);
+    let s = summary(&out);
+    // two, new/file, top/inside; plus the symlink
+    assert_eq!(s["files_copied"], 3, "{s}");
+    assert_eq!(s["symlinks"], 1, "{s}");
+    assert_eq!(s["bytes_copied"], 5000 + 3 + 15, "{s}");
+    assert_same_tree(&src, &dst);
+    // the mode change was applied in place, not by a copy
+    assert_eq!(
+        fs::metadata(dst.join("a/one")).unwrap().ino(),
+        mode_only_ino
+    );
+}
+
+#[test]
+fn checksum_catches_what_size_and_mtime_miss() {
+    let t = disk_dir("checksum");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("f"), &bytes(10_000, 1));
+    set_mtime(&src.join("f"), 1_600_000_000, 5);
+    ok(&copy(&src, &dst, &[]));
+    // Same size and mtime, different bytes: the quick check cannot see it.
+    write(&dst.join("f"), &bytes(10_000, 2));
+    set_mtime(&dst.join("f"), 1_600_000_000, 5);
+    let out = sync(&src, &dst, &["--json"]);
+    ok(&out);
+    assert_eq!(summary(&out)["files_copied"], 0);
+    let out = sync(&src, &dst, &["--json", "--checksum"]);
+    ok(&out);
+    assert_eq!(summary(&out)["files_copied"], 1);
+    assert_same_tree(&src, &dst);
+    let out = sync(&src, &dst, &["--json", "--checksum"]);
+    assert_eq!(summary(&out)["files_copied"], 0);
+}
+
+#[test]
+fn broken_hard_links_in_dst_are_relinked() {
+    let t = disk_dir("relink");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("a"), b"shared");
+    fs::hard_link(src.join("a"), src.join("b")).unwrap();
+    ok(&copy(&src, &dst, &[]));
+    // DST got a separate copy of b (same bytes, same mtime): not a link.
+    fs::remove_file(dst.join("b")).unwrap();
+    fs::copy(dst.join("a"), dst.join("b")).unwrap();
+    let m = fs::metadata(src.join("a")).unwrap();
+    set_mtime(&dst.join("b"), m.mtime(), m.mtime_nsec());
+    ok(&sync(&src, &dst, &[]));
+    assert_same_tree(&src, &dst);
+}
+
+#[test]
+fn a_directory_in_the_way_of_a_file_is_reported_not_removed() {
+    let t = disk_dir("inway");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("x"), b"file");
+    write(&src.join("y"), b"y");
+    write(&dst.join("x/keep"), b"precious");
+    let out = sync(&src, &dst, &[]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("directory is in the way"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(fs::read(dst.join("x/keep")).unwrap(), b"precious");
+    assert_eq!(fs::read(dst.join("y")).unwrap(), b"y");
+}
+
+#[test]
+fn delete_removes_extras_but_keeps_excluded_and_never_follows_links() {
+    let t = disk_dir("delete");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    let outside = t.path().join("outside");
+    write(&outside.join("victim"), b"untouched");
+    tree(&src);
+    ok(&copy(&src, &dst, &[]));
+    write(&dst.join("extra-file"), b"x");
+    write(&dst.join("a/extra-dir/deep/f"), b"x");
+    std::os::unix::fs::symlink(&outside, dst.join("a/b/extra-link")).unwrap();
+    write(&dst.join("notes.keep"), b"excluded, so not ours to delete");
+    // Without --delete nothing is removed.
+    ok(&sync(&src, &dst, &[]));
+    assert!(dst.join("extra-file").exists());
+    let out = sync(&src, &dst, &["--delete", "--exclude", "*.keep", "--json"]);
+    ok(&out);
+    let s = summary(&out);
+    // extra-file, extra-dir, deep, f, extra-link
+    assert_eq!(s["deleted"], 5, "{s}");
+    assert_eq!(json_lines(&out, "deleted").len(), 5);
+    assert_eq!(fs::read(outside.join("victim")).unwrap(), b"untouched");
+    assert!(dst.join("notes.keep").exists());
+    fs::remove_file(dst.join("notes.keep")).unwrap();
+    let m = fs::metadata(&src).unwrap();
+    set_mtime(&dst, m.mtime(), m.mtime_nsec());
+    assert_same_tree(&src, &dst);
+    assert_no_temporaries(&dst);
+}
+
+#[test]
+fn max_delete_stops_before_the_next_deletion() {
+    let t = disk_dir("maxdel");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("kept"), b"k");
+    for i in 0..5 {
+        write(&dst.join(format!("extra{i}")), b"x");
+    }
+    let out = sync(&src, &dst, &["--delete", "--max-delete", "2", "--json"]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("--max-delete 2"), "{}", stderr(&out));
+    assert_eq!(summary(&out)["deleted"], 2);
+    let left = (0..5)
+        .filter(|i| dst.join(format!("extra{i}")).exists())
+        .count();
+    assert_eq!(left, 3);
+    // --max-delete without --delete is a usage error.
+    assert_eq!(code(&sync(&src, &dst, &["--max-delete", "1"])), 2);
+}
+
+/// An unreadable source directory looks empty; if that were trusted, its
+/// copy in DST would be deleted. Any walk error cancels every deletion.
+#[test]
+fn delete_after_a_failed_walk_deletes_nothing() {
+    let Some(t) = nobody_dir("delwalk", 0o777) else {
+        return;
+    };
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("secret/data"), b"s");
+    write(&src.join("open"), b"o");
+    ok(&as_nobody("sync", &src, &dst, &[]));
+    write(&dst.join("extra"), b"x");
+    fs::set_permissions(src.join("secret"), fs::Permissions::from_mode(0o000)).unwrap();
+    let out = as_nobody("sync", &src, &dst, &["--delete"]);
+    fs::set_permissions(src.join("secret"), fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("nothing deleted"), "{}", stderr(&out));
+    assert!(dst.join("extra").exists());
+    assert_eq!(fs::read(dst.join("secret/data")).unwrap(), b"s");
+}
