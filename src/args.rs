@@ -2,7 +2,7 @@
 
 use crate::size::parse_size;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use sluice_engine::{CopyOptions, Filter, Reflink};
+use sluice_engine::{Check, CopyOptions, Filter, HashKind, Reflink};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -22,8 +22,8 @@ pub enum Command {
     Copy(CopyArgs),
     /// Copy only what changed; with --delete, remove what SRC no longer has.
     Sync(SyncArgs),
-    /// Compare SRC and DST content (not implemented yet).
-    Verify(Rest),
+    /// Compare SRC and DST content (and metadata); change nothing.
+    Verify(VerifyArgs),
     /// Block-level copy of a device or image file (not implemented yet).
     Image(Rest),
     /// Keep DST current as SRC changes (not implemented yet).
@@ -62,8 +62,10 @@ pub enum ReflinkArg {
     Never,
 }
 
+/// What every job command takes: the two sides, the pool, the filters,
+/// and how it reports.
 #[derive(Args)]
-pub struct CopyArgs {
+pub struct JobArgs {
     /// Source directory or file.
     pub src: PathBuf,
     /// Destination: receives SRC's contents (created if missing).
@@ -71,7 +73,7 @@ pub struct CopyArgs {
     /// Parallel streams [default: 8].
     #[arg(short = 'j', long = "jobs", value_name = "N")]
     pub jobs: Option<usize>,
-    /// Files above twice this size are split into chunks copied in parallel.
+    /// Files above twice this size are split into chunks handled in parallel.
     #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_size)]
     pub chunk_size: u64,
     /// Skip entries matching GLOB (name, or path relative to SRC if it has a '/').
@@ -80,28 +82,16 @@ pub struct CopyArgs {
     /// Never skip entries matching GLOB, even if an --exclude matches.
     #[arg(long, value_name = "GLOB")]
     pub include: Vec<String>,
-    /// Compare files whose size and mtime match by content too (reads both sides).
-    #[arg(long)]
-    pub checksum: bool,
-    /// Walk and count what would be copied; write nothing.
-    #[arg(long)]
-    pub dry_run: bool,
-    /// Make every file and directory durable (fsync) before it counts as done.
-    #[arg(long)]
-    pub fsync: bool,
     /// Do not descend into directories on other file systems.
     #[arg(short = 'x', long)]
     pub one_file_system: bool,
-    /// Copy files of 1 MiB and more with O_DIRECT, bypassing the page cache
-    /// (the default; falls back to buffered I/O where unsupported).
+    /// Read and write files of 1 MiB and more with O_DIRECT, bypassing the
+    /// page cache (the default; falls back to buffered I/O where unsupported).
     #[arg(long, overrides_with = "no_direct")]
     pub direct: bool,
-    /// Copy every file through the page cache.
+    /// Move every file through the page cache.
     #[arg(long)]
     pub no_direct: bool,
-    /// Share data blocks with the source where the file system can (xfs, btrfs).
-    #[arg(long, value_enum, default_value = "auto")]
-    pub reflink: ReflinkArg,
     /// Print one JSON object per line on stdout; the last is the summary.
     #[arg(long)]
     pub json: bool,
@@ -111,6 +101,48 @@ pub struct CopyArgs {
     /// Never show a progress bar.
     #[arg(long)]
     pub no_progress: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum HashArg {
+    /// XXH3-128: fast, non-cryptographic.
+    Xxh3,
+    /// BLAKE3-256: cryptographic.
+    Blake3,
+}
+
+impl HashArg {
+    fn kind(self) -> HashKind {
+        match self {
+            HashArg::Xxh3 => HashKind::Xxh3,
+            HashArg::Blake3 => HashKind::Blake3,
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct CopyArgs {
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// Compare files whose size and mtime match by content too (reads both sides).
+    #[arg(long)]
+    pub checksum: bool,
+    /// Read back every file written and compare it with its source before
+    /// it gets its final name.
+    #[arg(long)]
+    pub verify: bool,
+    /// Hash used by --verify.
+    #[arg(long, value_enum, default_value = "xxh3")]
+    pub hash: HashArg,
+    /// Walk and count what would be copied; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Make every file and directory durable (fsync) before it counts as done.
+    #[arg(long)]
+    pub fsync: bool,
+    /// Share data blocks with the source where the file system can (xfs, btrfs).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub reflink: ReflinkArg,
 }
 
 #[derive(Args)]
@@ -126,17 +158,19 @@ pub struct SyncArgs {
     pub max_delete: Option<u64>,
 }
 
-impl SyncArgs {
-    pub fn options(&self) -> Result<CopyOptions, String> {
-        Ok(CopyOptions {
-            delete: self.delete,
-            max_delete: self.max_delete,
-            ..self.copy.options()?
-        })
-    }
+#[derive(Args)]
+pub struct VerifyArgs {
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// Content hash.
+    #[arg(long, value_enum, default_value = "xxh3")]
+    pub hash: HashArg,
+    /// Compare mode, owner (as root), mtime and extended attributes too.
+    #[arg(long)]
+    pub metadata: bool,
 }
 
-impl CopyArgs {
+impl JobArgs {
     /// The engine's options for these arguments.
     pub fn options(&self) -> Result<CopyOptions, String> {
         if self.chunk_size < 4096 || self.chunk_size % 4096 != 0 {
@@ -155,8 +189,16 @@ impl CopyArgs {
             chunk_size: self.chunk_size,
             filter,
             one_file_system: self.one_file_system,
-            dry_run: self.dry_run,
             direct: !self.no_direct,
+            ..defaults
+        })
+    }
+}
+
+impl CopyArgs {
+    pub fn options(&self) -> Result<CopyOptions, String> {
+        Ok(CopyOptions {
+            dry_run: self.dry_run,
             reflink: match self.reflink {
                 ReflinkArg::Auto => Reflink::Auto,
                 ReflinkArg::Always => Reflink::Always,
@@ -164,7 +206,31 @@ impl CopyArgs {
             },
             fsync: self.fsync,
             checksum: self.checksum,
-            ..defaults
+            verify: self.verify,
+            hash: self.hash.kind(),
+            ..self.job.options()?
+        })
+    }
+}
+
+impl SyncArgs {
+    pub fn options(&self) -> Result<CopyOptions, String> {
+        Ok(CopyOptions {
+            delete: self.delete,
+            max_delete: self.max_delete,
+            ..self.copy.options()?
+        })
+    }
+}
+
+impl VerifyArgs {
+    pub fn options(&self) -> Result<CopyOptions, String> {
+        Ok(CopyOptions {
+            check: Some(Check {
+                metadata: self.metadata,
+            }),
+            hash: self.hash.kind(),
+            ..self.job.options()?
         })
     }
 }

@@ -16,6 +16,7 @@ mod output;
 mod size;
 
 use clap::Parser;
+use output::Kind;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -29,11 +30,16 @@ fn main() -> ExitCode {
     match cli.command {
         args::Command::Copy(c) => {
             let opts = c.options();
-            output::run_copy(&c, opts)
+            output::run_job(&c.job, Kind::Copy { dry_run: c.dry_run }, opts)
         }
         args::Command::Sync(c) => {
             let opts = c.options();
-            output::run_copy(&c.copy, opts)
+            let dry_run = c.copy.dry_run;
+            output::run_job(&c.copy.job, Kind::Copy { dry_run }, opts)
+        }
+        args::Command::Verify(c) => {
+            let opts = c.options();
+            output::run_job(&c.job, Kind::Verify, opts)
         }
         other => {
             eprintln!(

@@ -1,7 +1,7 @@
 //! What the user sees: the progress bar, error lines, the summary table and
 //! the `--json` stream.
 
-use crate::args::CopyArgs;
+use crate::args::JobArgs;
 use crate::size::human_bytes;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
@@ -45,6 +45,14 @@ impl Reporter for Printer {
         self.say(&format!("sluice: skipped {}: {why}", escape(path)));
     }
 
+    fn entry_differs(&self, path: &[u8], what: &str) {
+        if self.json {
+            let line = json!({"type": "difference", "path": escape(path), "what": what});
+            let _ = writeln!(std::io::stdout().lock(), "{line}");
+        }
+        self.say(&format!("sluice: differs: {}: {what}", escape(path)));
+    }
+
     fn entry_deleted(&self, path: &[u8]) {
         if self.json {
             let line = json!({"type": "deleted", "path": escape(path)});
@@ -63,8 +71,17 @@ impl Printer {
     }
 }
 
-/// Runs `sluice copy` or `sluice sync` and returns its exit code.
-pub fn run_copy(args: &CopyArgs, opts: Result<CopyOptions, String>) -> ExitCode {
+/// Which kind of job is reported.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `copy` or `sync`.
+    Copy { dry_run: bool },
+    /// `verify`: files and bytes counted are compared, not copied.
+    Verify,
+}
+
+/// Runs a job (`copy`, `sync`, `verify`) and returns its exit code.
+pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) -> ExitCode {
     let opts = match opts {
         Ok(o) => o,
         Err(msg) => {
@@ -160,12 +177,12 @@ pub fn run_copy(args: &CopyArgs, opts: Result<CopyOptions, String>) -> ExitCode 
         eprintln!("sluice: interrupted; run the same command again to finish");
     }
     if args.json {
-        println!("{}", summary_json(&summary, outcome));
+        println!("{}", summary_json(&summary, outcome, kind));
     } else if !matches!(
         result,
         Err(JobError::Usage(_) | JobError::Source { .. } | JobError::Destination { .. })
     ) {
-        print!("{}", summary_table(&summary, args.dry_run));
+        print!("{}", summary_table(&summary, kind));
     }
     ExitCode::from(code)
 }
@@ -218,49 +235,84 @@ fn progress_line(stats: &Stats, elapsed: Duration, walk_settled: bool) -> String
 }
 
 /// The `{"type":"summary", ...}` object closing a `--json` stream.
-pub fn summary_json(s: &Summary, outcome: &str) -> serde_json::Value {
+pub fn summary_json(s: &Summary, outcome: &str, kind: Kind) -> serde_json::Value {
     let secs = s.elapsed.as_secs_f64();
-    json!({
+    let (copied, bytes) = match kind {
+        Kind::Copy { .. } => (s.files_copied, s.bytes_copied),
+        Kind::Verify => (0, 0),
+    };
+    let mut v = json!({
         "type": "summary",
         "outcome": outcome,
-        "files_copied": s.files_copied,
-        "bytes_copied": s.bytes_copied,
+        "files_copied": copied,
+        "bytes_copied": bytes,
         "files_skipped": s.files_skipped,
         "errors": s.errors,
         "elapsed_s": (secs * 1000.0).round() / 1000.0,
-        "dirs_created": s.dirs_created,
-        "symlinks": s.symlinks,
-        "hardlinks": s.hardlinks,
-        "specials": s.specials,
-        "files_unchanged": s.unchanged,
-        "deleted": s.deleted,
-        "files_per_s": rate(s.files_copied as f64, s.elapsed).round(),
-        "bytes_per_s": rate(s.bytes_copied as f64, s.elapsed).round(),
-    })
+    });
+    let rest = match kind {
+        Kind::Copy { .. } => json!({
+            "dirs_created": s.dirs_created,
+            "symlinks": s.symlinks,
+            "hardlinks": s.hardlinks,
+            "specials": s.specials,
+            "files_unchanged": s.unchanged,
+            "deleted": s.deleted,
+            "files_per_s": rate(s.files_copied as f64, s.elapsed).round(),
+            "bytes_per_s": rate(s.bytes_copied as f64, s.elapsed).round(),
+        }),
+        Kind::Verify => json!({
+            "files_verified": s.files_copied,
+            "bytes_verified": s.bytes_copied,
+            "differences": s.differences,
+            "files_per_s": rate(s.files_copied as f64, s.elapsed).round(),
+            "bytes_per_s": rate(s.bytes_copied as f64, s.elapsed).round(),
+        }),
+    };
+    let (serde_json::Value::Object(m), serde_json::Value::Object(r)) = (&mut v, rest) else {
+        unreachable!("both are objects")
+    };
+    m.extend(r);
+    v
 }
 
 /// The human summary printed at the end of a run.
-pub fn summary_table(s: &Summary, dry_run: bool) -> String {
+pub fn summary_table(s: &Summary, kind: Kind) -> String {
     let secs = s.elapsed.as_secs_f64();
-    let verb = if dry_run { "would copy" } else { "copied" };
+    let verb = match kind {
+        Kind::Copy { dry_run: true } => "files would copy",
+        Kind::Copy { dry_run: false } => "files copied",
+        Kind::Verify => "files verified",
+    };
     let mut t = String::new();
     t += &format!("{:<14}{:>14}{:>14}\n", "", "entries", "bytes");
     t += &format!(
         "{:<14}{:>14}{:>14}\n",
-        format!("files {verb}"),
+        verb,
         s.files_copied,
         human_bytes(s.bytes_copied as f64)
     );
-    for (label, n) in [
-        ("directories", s.dirs_created),
-        ("symlinks", s.symlinks),
-        ("hard links", s.hardlinks),
-        ("special files", s.specials),
-        ("unchanged", s.unchanged),
-        ("skipped", s.files_skipped - s.unchanged),
-        ("deleted", s.deleted),
-        ("failed", s.errors),
-    ] {
+    let rows: &[(&str, u64)] = match kind {
+        Kind::Copy { .. } => &[
+            ("directories", s.dirs_created),
+            ("symlinks", s.symlinks),
+            ("hard links", s.hardlinks),
+            ("special files", s.specials),
+            ("unchanged", s.unchanged),
+            ("skipped", s.files_skipped - s.unchanged),
+            ("deleted", s.deleted),
+            ("failed", s.errors),
+        ],
+        Kind::Verify => &[
+            ("directories", s.dirs_created),
+            ("symlinks", s.symlinks),
+            ("special files", s.specials),
+            ("differences", s.differences),
+            ("skipped", s.files_skipped),
+            ("failed", s.errors),
+        ],
+    };
+    for (label, n) in rows {
         t += &format!("{label:<14}{n:>14}\n");
     }
     t += &format!(
@@ -287,6 +339,7 @@ mod tests {
             files_skipped: 10,
             unchanged: 6,
             deleted: 7,
+            differences: 0,
             errors: 5,
             elapsed: Duration::from_millis(21_540),
         }
@@ -307,12 +360,15 @@ mod tests {
             "failed                     5\n",
             "time 21.54 s, 9.1 MiB/s, 9285 files/s\n",
         );
-        assert_eq!(summary_table(&sample(), false), want);
+        assert_eq!(
+            summary_table(&sample(), Kind::Copy { dry_run: false }),
+            want
+        );
     }
 
     #[test]
     fn summary_json_snapshot() {
-        let got = summary_json(&sample(), "partial").to_string();
+        let got = summary_json(&sample(), "partial", Kind::Copy { dry_run: false }).to_string();
         let want = r#"{"type":"summary","outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"deleted":7,"files_per_s":9285.0,"bytes_per_s":9507892.0}"#;
         assert_eq!(got, want);
     }

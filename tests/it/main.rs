@@ -8,3 +8,4 @@ mod faults;
 mod fs;
 mod resume;
 mod sync;
+mod verify;

@@ -207,6 +207,9 @@ impl Worker {
         dst_name: &CStr,
         st: &Stat,
     ) {
+        if self.shared.checking() {
+            return self.check_entry(node, src_name, st);
+        }
         if node.existed
             && !self.shared.opts.dry_run
             && self.up_to_date(node, src_name, dst_name, st)
@@ -279,6 +282,9 @@ impl Worker {
                     "read",
                     Reason::Changed(format!("expected {} bytes, read {copied}", st.size)),
                 ));
+            }
+            if self.shared.opts.verify {
+                self.read_back(node, dst_name, src.as_fd(), dst, 0, st.size)?;
             }
         }
         self.finish_file(node, src.as_fd(), dst, dst_name, st)?;
@@ -643,6 +649,9 @@ impl Worker {
         st: &Stat,
         chunks: u64,
     ) {
+        if self.shared.checking() {
+            return self.check_big(node, src_name, st, chunks);
+        }
         if self.shared.opts.dry_run {
             return self.copy_entry(node, src_name, dst_name, st);
         }
@@ -762,16 +771,31 @@ impl Worker {
             let healthy =
                 !self.shared.stopped() && big.failed.lock().expect("chunk lock").is_none();
             if healthy {
-                match self.copy_chunk(&big, i) {
+                let copied = self.copy_chunk(&big, i).map_err(|(op, e)| {
+                    big.node
+                        .error(&big.dst_name, copy_side(e), op, Reason::Os(e))
+                });
+                let checked = copied.and_then(|()| {
+                    if !self.shared.opts.verify {
+                        return Ok(());
+                    }
+                    let (off, len) = plan::chunk_range(big.st.size, self.shared.opts.chunk_size, i);
+                    self.read_back(
+                        &big.node,
+                        &big.dst_name,
+                        big.src.as_fd(),
+                        big.dst.as_fd(),
+                        off,
+                        len,
+                    )
+                });
+                match checked {
                     Ok(()) => {
                         if let (true, Some(j)) = (big.journaled, &self.shared.journal) {
                             j.chunk_done(&big.rel, i, &big.dst);
                         }
                     }
-                    Err((op, e)) => {
-                        let err = big
-                            .node
-                            .error(&big.dst_name, copy_side(e), op, Reason::Os(e));
+                    Err(err) => {
                         big.failed.lock().expect("chunk lock").get_or_insert(err);
                     }
                 }

@@ -207,7 +207,8 @@ impl Worker {
 
     /// Lists a DST directory that existed before this run: removes
     /// temporaries an interrupted run left (safe, since this run holds DST's
-    /// lock) and, with `--delete`, notes entries SRC does not have. Costs
+    /// lock) and, with `--delete`, notes entries SRC does not have; for
+    /// `verify`, reports those as differences and removes nothing. Costs
     /// one listing per pre-existing directory, none on a first copy.
     pub(crate) fn scan_existing(
         &mut self,
@@ -224,12 +225,13 @@ impl Worker {
         let res = stream.for_each(dst, |entry| {
             let name = entry.name;
             if sluice_sys::is_temp_name(name.to_bytes()) {
-                if !sh.journal_owns(rel, name) {
+                if !sh.checking() && !sh.journal_owns(rel, name) {
                     stale.push(name.to_owned());
                 }
                 return true;
             }
-            if !sh.opts.delete || (at_root && crate::journal::is_journal_name(name.to_bytes())) {
+            let wants_extras = sh.opts.delete || sh.checking();
+            if !wants_extras || (at_root && crate::journal::is_journal_name(name.to_bytes())) {
                 return true;
             }
             match sluice_sys::stat_at(src, name) {
@@ -265,7 +267,11 @@ impl Worker {
                 }
             }
         }
-        if !extras.is_empty() {
+        if sh.checking() {
+            for (name, _) in extras {
+                sh.differs(Side::Dst, &join(rel, name.to_bytes()), "only in DST");
+            }
+        } else if !extras.is_empty() {
             sh.extras.lock().expect("extras lock").push(Extras {
                 dir: rel.to_vec(),
                 src_stat: *src_stat,

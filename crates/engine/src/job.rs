@@ -57,6 +57,30 @@ pub struct CopyOptions {
     pub delete: bool,
     /// Stop deleting before the deletion that would exceed this many.
     pub max_delete: Option<u64>,
+    /// Compare instead of copying (`sluice verify`): nothing is written.
+    pub check: Option<Check>,
+    /// Read back every file written and compare it with its source before
+    /// it is renamed into place (`--verify`).
+    pub verify: bool,
+    /// The content hash of `verify`.
+    pub hash: HashKind,
+}
+
+/// What `sluice verify` compares besides content.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Check {
+    /// Mode, owner (as root), mtime and extended attributes too.
+    pub metadata: bool,
+}
+
+/// The 128-bit (or wider) hash content is compared by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HashKind {
+    /// XXH3-128: ~30 GB/s per core, far beyond any disk.
+    #[default]
+    Xxh3,
+    /// BLAKE3: cryptographic, for when a collision must be infeasible.
+    Blake3,
 }
 
 /// Default chunk size: at 64 MiB a chunk takes ~0.1 s at disk speed, small
@@ -85,6 +109,9 @@ impl Default for CopyOptions {
             checksum: false,
             delete: false,
             max_delete: None,
+            check: None,
+            verify: false,
+            hash: HashKind::Xxh3,
         }
     }
 }
@@ -114,6 +141,8 @@ pub struct Stats {
     pub unchanged: AtomicU64,
     /// Entries removed from DST by `--delete`.
     pub deleted: AtomicU64,
+    /// Entries `verify` found different (or missing, or extra).
+    pub differences: AtomicU64,
     pub errors: AtomicU64,
     /// Entries and bytes listed so far (the walk runs ahead of the copy).
     pub entries_found: AtomicU64,
@@ -130,6 +159,7 @@ impl Stats {
             + self.specials.load(Relaxed)
             + self.skipped.load(Relaxed)
             + self.unchanged.load(Relaxed)
+            + self.differences.load(Relaxed)
             + self.errors.load(Relaxed)
     }
 
@@ -145,6 +175,7 @@ impl Stats {
             files_skipped: self.skipped.load(Relaxed) + self.unchanged.load(Relaxed),
             unchanged: self.unchanged.load(Relaxed),
             deleted: self.deleted.load(Relaxed),
+            differences: self.differences.load(Relaxed),
             errors: self.errors.load(Relaxed),
             elapsed,
         }
@@ -165,6 +196,8 @@ pub struct Summary {
     /// Of those, entries DST already had up to date.
     pub unchanged: u64,
     pub deleted: u64,
+    /// Entries `verify` found different, missing or extra.
+    pub differences: u64,
     pub errors: u64,
     pub elapsed: Duration,
 }
@@ -189,6 +222,9 @@ pub trait Reporter: Send + Sync {
     fn entry_skipped(&self, path: &[u8], why: &str);
     /// An entry of DST was removed by `--delete`; `path` is its full path.
     fn entry_deleted(&self, path: &[u8]);
+    /// `verify` found an entry different; `path` is its full source path
+    /// (its DST path for an entry only DST has).
+    fn entry_differs(&self, path: &[u8], what: &str);
 }
 
 /// Hard-link bookkeeping for one source inode with more than one name.
@@ -237,6 +273,18 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Whether this job compares rather than copies.
+    pub fn checking(&self) -> bool {
+        self.opts.check.is_some()
+    }
+
+    /// Records a difference `verify` found at `rel`.
+    pub fn differs(&self, side: Side, rel: &[u8], what: &str) {
+        self.stats.differences.fetch_add(1, Relaxed);
+        self.reporter
+            .entry_differs(&self.full_path(side, rel), what);
+    }
+
     /// Whether temporary `name` in DST directory `dir` is a resumable big
     /// file an earlier run recorded (and so must not be removed).
     pub fn journal_owns(&self, dir: &[u8], name: &CStr) -> bool {
@@ -330,10 +378,17 @@ pub fn copy(
         path: src.to_owned(),
         source,
     })?;
-    let roots = if src_meta.is_dir() {
-        Roots::tree(src, dst, opts.dry_run)?
+    let access = if opts.check.is_some() {
+        Access::Read
+    } else if opts.dry_run {
+        Access::None
     } else {
-        Roots::file(src, dst, opts.dry_run)?
+        Access::Write
+    };
+    let roots = if src_meta.is_dir() {
+        Roots::tree(src, dst, access)?
+    } else {
+        Roots::file(src, dst, access)?
     };
     // After the roots exist (created with the user's umask, like mkdir -p):
     // from here on every mode is given explicitly and must not be masked.
@@ -352,6 +407,7 @@ pub fn copy(
         None => None,
     };
     let journal = match &dst_root_fd {
+        Some(_) if opts.check.is_some() => None,
         Some(fd) => Some(Journal::open(
             fd,
             roots.single.as_ref().map(|s| s.1.to_bytes()),
@@ -389,7 +445,7 @@ pub fn copy(
         existed: roots.dst_existed || roots.single.is_some(),
         rel: Vec::new(),
         stat: src_stat,
-        owned: roots.single.is_none(),
+        owned: roots.single.is_none() && !shared.checking(),
         parent: None,
         shared: shared.clone(),
     });
@@ -431,7 +487,7 @@ pub fn copy(
     if shared.stopped() {
         return Ok(Outcome::Interrupted);
     }
-    if shared.stats.errors.load(Relaxed) > 0 {
+    if shared.stats.errors.load(Relaxed) + shared.stats.differences.load(Relaxed) > 0 {
         Ok(Outcome::Partial)
     } else {
         Ok(Outcome::Complete)
@@ -465,6 +521,17 @@ fn close_journal(shared: &Shared) {
             shared.fail(shared.error(Side::Dst, b"", "set times", crate::Reason::Os(e)));
         }
     }
+}
+
+/// What a job does to DST.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Nothing: a dry run does not even open it.
+    None,
+    /// Reads it (`verify`): it must exist, and is neither created nor locked.
+    Read,
+    /// Writes it: created if missing, checked writable, locked.
+    Write,
 }
 
 /// The opened roots of a job.
@@ -520,7 +587,7 @@ fn resolve(path: &Path) -> std::io::Result<PathBuf> {
 }
 
 impl Roots {
-    fn tree(src: &Path, dst: &Path, dry_run: bool) -> Result<Roots, JobError> {
+    fn tree(src: &Path, dst: &Path, access: Access) -> Result<Roots, JobError> {
         let src_abs = resolve(src).map_err(|e| src_err(src, e))?;
         let dst_abs = resolve(dst).map_err(|e| dst_err(dst, e))?;
         if dst_abs.starts_with(&src_abs) || src_abs.starts_with(&dst_abs) {
@@ -532,8 +599,10 @@ impl Roots {
         }
         let src_fd = sluice_sys::open_dir_path(src).map_err(|e| src_err(src, e))?;
         let dst_existed = dst.is_dir();
-        let dst_fd = if dry_run {
+        let dst_fd = if access == Access::None {
             None
+        } else if access == Access::Read {
+            Some(sluice_sys::open_dir_path(dst).map_err(|e| dst_err(dst, e))?)
         } else {
             std::fs::create_dir_all(dst).map_err(|e| dst_err(dst, e))?;
             let fd = writable_dir(dst)?;
@@ -556,12 +625,12 @@ impl Roots {
             dst_path: dst.to_owned(),
             src_fd,
             dst_fd,
-            dst_existed: dst_existed && !dry_run,
+            dst_existed: dst_existed && access != Access::None,
             single: None,
         })
     }
 
-    fn file(src: &Path, dst: &Path, dry_run: bool) -> Result<Roots, JobError> {
+    fn file(src: &Path, dst: &Path, access: Access) -> Result<Roots, JobError> {
         // The root is named by the user, so a symlink there is followed.
         let real = src.canonicalize().map_err(|e| src_err(src, e))?;
         let src_dir = real.parent().unwrap_or(Path::new("/"));
@@ -594,11 +663,15 @@ impl Roots {
         let src_fd = sluice_sys::open_dir_path(src_dir).map_err(|e| src_err(src_dir, e))?;
         let st = sluice_sys::stat_at(sluice_sys::fd(&src_fd), &cstring(src_name.as_bytes()))
             .map_err(|e| src_err(src, e))?;
-        let dst_fd = if dry_run {
-            None
-        } else {
-            std::fs::create_dir_all(&dst_dir).map_err(|e| dst_err(&dst_dir, e))?;
-            Some(writable_dir(&dst_dir)?)
+        let dst_fd = match access {
+            Access::None => None,
+            Access::Read => {
+                Some(sluice_sys::open_dir_path(&dst_dir).map_err(|e| dst_err(&dst_dir, e))?)
+            }
+            Access::Write => {
+                std::fs::create_dir_all(&dst_dir).map_err(|e| dst_err(&dst_dir, e))?;
+                Some(writable_dir(&dst_dir)?)
+            }
         };
         Ok(Roots {
             src_path: src_dir.to_owned(),

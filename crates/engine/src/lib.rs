@@ -26,8 +26,9 @@ mod journal;
 pub mod plan;
 mod queue;
 mod tree;
+mod verify;
 mod worker;
 
 pub use error::{escape, EntryError, JobError, Reason, Side};
-pub use job::{copy, CopyOptions, Outcome, Reflink, Reporter, Stats, Summary};
+pub use job::{copy, Check, CopyOptions, HashKind, Outcome, Reflink, Reporter, Stats, Summary};
 pub use sluice_walk::Filter;

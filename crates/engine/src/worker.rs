@@ -6,6 +6,7 @@ use crate::job::Shared;
 use crate::plan::{self, Action};
 use crate::queue::Lane;
 use crate::tree::DirNode;
+use crate::verify::CheckBig;
 use sluice_sys::{AlignedBuf, Stat};
 use sluice_walk::DirStream;
 use std::ffi::{CStr, CString};
@@ -31,6 +32,8 @@ pub(crate) enum Task {
     Files(FileBatch),
     /// Copy the next unclaimed chunk of a big file.
     Chunk(Arc<BigFile>),
+    /// Compare the next unclaimed chunk of a big file (`verify`).
+    Check(Arc<CheckBig>),
     /// Copy one file under another name (SRC given as a file).
     Single {
         node: Arc<DirNode>,
@@ -154,6 +157,7 @@ impl Worker {
                 }
             }
             Task::Chunk(big) => self.run_chunks(big),
+            Task::Check(big) => self.run_check_chunks(big),
             Task::Single {
                 node,
                 src_name,
@@ -197,6 +201,23 @@ impl Worker {
         };
         let (dst, existed) = if sh.opts.dry_run {
             (None, false)
+        } else if sh.checking() {
+            let rel = parent.child_rel(name);
+            match sluice_sys::open_dir_at(parent.dst(), name) {
+                Ok(fd) => {
+                    self.check_dir_meta(&rel, &st, fd.as_fd());
+                    (Some(fd), true)
+                }
+                Err(sluice_sys::Errno::NOENT) => {
+                    return sh.differs(Side::Src, &rel, "missing in DST");
+                }
+                Err(sluice_sys::Errno::NOTDIR | sluice_sys::Errno::LOOP) => {
+                    return sh.differs(Side::Src, &rel, "a directory in SRC, not in DST");
+                }
+                Err(e) => {
+                    return sh.fail(parent.error(name, Side::Dst, "open directory", Reason::Os(e)))
+                }
+            }
         } else {
             match self.make_dir(&parent, name) {
                 Ok((fd, existed)) => (Some(fd), existed),
@@ -208,13 +229,15 @@ impl Worker {
             if existed {
                 self.scan_existing(&rel, src.as_fd(), dst.as_fd(), &st);
             }
-            if let Err(err) =
+            if self.shared.checking() {
+                // compared above; nothing is written
+            } else if let Err(err) =
                 self.dir_owner_and_xattrs(&parent, name, src.as_fd(), dst.as_fd(), &st, existed)
             {
                 self.shared.fail(err);
             }
         }
-        if !existed {
+        if !existed || self.shared.checking() {
             self.shared.stats.dirs_created.fetch_add(1, Relaxed);
         }
         let descend = !self.shared.opts.one_file_system || st.dev == self.shared.root_dev;
@@ -225,7 +248,7 @@ impl Worker {
             existed,
             rel: parent.child_rel(name),
             stat: st,
-            owned: true,
+            owned: !self.shared.checking(),
             parent: Some(parent),
             shared: self.shared.clone(),
         });

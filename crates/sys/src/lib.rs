@@ -136,24 +136,24 @@ pub fn open_read_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
     }
 }
 
-/// Opens an existing file below `dir` for writing, never through a
+/// Opens an existing file below `dir` for reading and writing, never through a
 /// symlink (a resumed temporary).
 pub fn open_write_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
     rustix::fs::openat(
         dir,
         name,
-        OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY,
+        OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY,
         Mode::empty(),
     )
 }
 
-/// Creates a new file below `dir` for writing: `O_EXCL` so an existing name
+/// Creates a new file below `dir` for writing (and reading back): `O_EXCL` so an existing name
 /// (including a symlink planted there) is never opened or followed.
 pub fn create_excl_at(dir: BorrowedFd<'_>, name: &CStr, perm: u32) -> Result<OwnedFd> {
     rustix::fs::openat(
         dir,
         name,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::from_raw_mode(perm),
     )
 }
@@ -167,7 +167,7 @@ pub fn create_unnamed(dir: BorrowedFd<'_>, perm: u32) -> Result<OwnedFd> {
     rustix::fs::openat(
         dir,
         c".",
-        OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC,
+        OFlags::RDWR | OFlags::TMPFILE | OFlags::CLOEXEC,
         Mode::from_raw_mode(perm),
     )
 }

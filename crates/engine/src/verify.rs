@@ -1,0 +1,415 @@
+//! Comparing content: `sluice verify` (actions that hash instead of write,
+//! on the same pool and scheduler as a copy), and `--verify` on copy and
+//! sync, which reads back what was written before it gets its final name.
+//!
+//! Each side is hashed on its own (XXH3-128 by default, BLAKE3 on request)
+//! and the digests compared, so the same code serves a remote side later,
+//! where only digests cross the network. Big files are compared chunk by
+//! chunk on all streams at once, with `O_DIRECT` reads where allowed.
+
+use crate::error::{EntryError, Reason, Side};
+use crate::job::HashKind;
+use crate::plan;
+use crate::queue::Lane;
+use crate::tree::DirNode;
+use crate::worker::{Task, Worker};
+use sluice_sys::{Errno, FileType, Stat};
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
+
+/// A content digest: XXH3-128 in the first 16 bytes, or all 32 of BLAKE3.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Digest([u8; 32]);
+
+enum Hasher {
+    Xxh3(Box<xxhash_rust::xxh3::Xxh3>),
+    Blake3(Box<blake3::Hasher>),
+}
+
+impl Hasher {
+    fn new(kind: HashKind) -> Hasher {
+        match kind {
+            HashKind::Xxh3 => Hasher::Xxh3(Box::default()),
+            HashKind::Blake3 => Hasher::Blake3(Box::default()),
+        }
+    }
+
+    fn update(&mut self, data: &[u8]) {
+        match self {
+            Hasher::Xxh3(h) => h.update(data),
+            Hasher::Blake3(h) => {
+                h.update(data);
+            }
+        }
+    }
+
+    fn finish(self) -> Digest {
+        let mut d = [0u8; 32];
+        match self {
+            Hasher::Xxh3(h) => d[..16].copy_from_slice(&h.digest128().to_le_bytes()),
+            Hasher::Blake3(h) => d.copy_from_slice(h.finalize().as_bytes()),
+        }
+        Digest(d)
+    }
+}
+
+/// Hashes `[off, off + len)` of `fd` (to the end of the file when `len` is
+/// `u64::MAX`) through `buf`, which is aligned for `O_DIRECT` descriptors.
+/// Returns the digest and the bytes read.
+pub(crate) fn hash_range(
+    fd: BorrowedFd<'_>,
+    off: u64,
+    len: u64,
+    buf: &mut [u8],
+    kind: HashKind,
+) -> Result<(Digest, u64), Errno> {
+    let mut h = Hasher::new(kind);
+    let mut done = 0u64;
+    while done < len {
+        // Direct reads need aligned lengths; at the end of the file they
+        // come back short.
+        let want = (len - done).min(buf.len() as u64);
+        let step = (want.next_multiple_of(sluice_sys::DIRECT_ALIGN as u64) as usize).min(buf.len());
+        let n = sluice_sys::read_full_at(fd, &mut buf[..step], off + done)?;
+        let n = n.min(want as usize);
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        done += n as u64;
+        if (n as u64) < want {
+            break; // end of file
+        }
+    }
+    Ok((h.finish(), done))
+}
+
+/// Files from this size up are read with `O_DIRECT` when comparing.
+const DIRECT_MIN: u64 = 1 << 20;
+
+/// A big file compared chunk by chunk by any number of streams.
+pub(crate) struct CheckBig {
+    node: Arc<DirNode>,
+    name: CString,
+    src: OwnedFd,
+    dst: OwnedFd,
+    st: Stat,
+    dst_st: Stat,
+    chunks: u64,
+    next: AtomicU64,
+    done: AtomicU64,
+    differs: AtomicBool,
+    failed: Mutex<Option<EntryError>>,
+}
+
+fn kind_name(t: FileType) -> &'static str {
+    match t {
+        FileType::RegularFile => "file",
+        FileType::Directory => "directory",
+        FileType::Symlink => "symlink",
+        FileType::Fifo => "fifo",
+        FileType::Socket => "socket",
+        FileType::CharacterDevice => "character device",
+        FileType::BlockDevice => "block device",
+        FileType::Unknown => "unknown entry",
+    }
+}
+
+impl Worker {
+    /// Hashes both files' `[off, off + len)` with the job's hash; true when
+    /// they match. The stream's buffer is split between the two sides.
+    fn same_range(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        off: u64,
+        len: u64,
+    ) -> Result<bool, (Side, Errno)> {
+        let kind = self.shared.opts.hash;
+        let buf = self.scratch.buf();
+        let (a, b) = buf.split_at_mut(buf.len() / 2);
+        let (ds, ns) = hash_range(src, off, len, a, kind).map_err(|e| (Side::Src, e))?;
+        let (dd, nd) = hash_range(dst, off, len, b, kind).map_err(|e| (Side::Dst, e))?;
+        Ok(ds == dd && ns == nd)
+    }
+
+    /// `--verify`: reads back `[off, off + len)` of what was just written
+    /// and compares it with the source; a mismatch fails the entry before
+    /// it is committed.
+    pub(crate) fn read_back(
+        &mut self,
+        node: &DirNode,
+        dst_name: &CStr,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        off: u64,
+        len: u64,
+    ) -> Result<(), EntryError> {
+        match self.same_range(src, dst, off, len) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(node.error(
+                dst_name,
+                Side::Dst,
+                "verify",
+                Reason::Other("what was read back differs from the source".into()),
+            )),
+            Err((side, e)) => Err(node.error(dst_name, side, "verify read", Reason::Os(e))),
+        }
+    }
+
+    /// Compares one directory's metadata (with `--metadata`).
+    pub(crate) fn check_dir_meta(&self, rel: &[u8], src: &Stat, dst_fd: BorrowedFd<'_>) {
+        if !self.shared.opts.check.is_some_and(|c| c.metadata) {
+            return;
+        }
+        match sluice_sys::stat_fd(dst_fd) {
+            Ok(dst) => {
+                if let Some(what) = self.meta_difference(src, &dst, None) {
+                    self.shared.differs(Side::Src, rel, &what);
+                }
+            }
+            Err(e) => self
+                .shared
+                .fail(self.shared.error(Side::Dst, rel, "stat", Reason::Os(e))),
+        }
+    }
+
+    /// The first metadata difference between two entries of one kind, if
+    /// any: mode, owner (when run as root), mtime, extended attributes.
+    fn meta_difference(
+        &self,
+        src: &Stat,
+        dst: &Stat,
+        fds: Option<(BorrowedFd<'_>, BorrowedFd<'_>)>,
+    ) -> Option<String> {
+        let mask = self.shared.opts.perm_mask();
+        if src.file_type() != FileType::Symlink && src.perm() & mask != dst.perm() & mask {
+            return Some(format!(
+                "mode {:o} in SRC, {:o} in DST",
+                src.perm() & mask,
+                dst.perm() & mask
+            ));
+        }
+        if self.shared.opts.preserve_owner && (src.uid, src.gid) != (dst.uid, dst.gid) {
+            return Some(format!(
+                "owner {}:{} in SRC, {}:{} in DST",
+                src.uid, src.gid, dst.uid, dst.gid
+            ));
+        }
+        if src.file_type() != FileType::Directory && src.mtime != dst.mtime {
+            return Some(format!(
+                "mtime {}.{:09} in SRC, {}.{:09} in DST",
+                src.mtime.0, src.mtime.1, dst.mtime.0, dst.mtime.1
+            ));
+        }
+        if let Some((s, d)) = fds {
+            if !sluice_sys::xattrs_equal(s, d).unwrap_or(false) {
+                return Some("extended attributes differ".into());
+            }
+        }
+        None
+    }
+
+    /// Finds `name` in DST and checks its kind (and size for files).
+    /// Reports a difference and returns `None` when they already differ.
+    fn check_counterpart(&self, node: &DirNode, name: &CStr, st: &Stat) -> Option<Stat> {
+        let sh = &self.shared;
+        let rel = node.child_rel(name);
+        let dst = match sluice_sys::stat_at(node.dst(), name) {
+            Ok(d) => d,
+            Err(Errno::NOENT) => {
+                sh.differs(Side::Src, &rel, "missing in DST");
+                return None;
+            }
+            Err(e) => {
+                sh.fail(node.error(name, Side::Dst, "stat", Reason::Os(e)));
+                return None;
+            }
+        };
+        if dst.file_type() != st.file_type() {
+            let what = format!(
+                "a {} in SRC, a {} in DST",
+                kind_name(st.file_type()),
+                kind_name(dst.file_type())
+            );
+            sh.differs(Side::Src, &rel, &what);
+            return None;
+        }
+        if st.file_type() == FileType::RegularFile && dst.size != st.size {
+            let what = format!("size {} in SRC, {} in DST", st.size, dst.size);
+            sh.differs(Side::Src, &rel, &what);
+            return None;
+        }
+        Some(dst)
+    }
+
+    /// `sluice verify` of one non-directory entry.
+    pub(crate) fn check_entry(&mut self, node: &DirNode, name: &CStr, st: &Stat) {
+        let Some(dst) = self.check_counterpart(node, name, st) else {
+            return;
+        };
+        let sh = self.shared.clone();
+        let rel = node.child_rel(name);
+        let mut fds = None;
+        let what = match st.file_type() {
+            FileType::RegularFile => {
+                let opened = (
+                    sluice_sys::open_read_at(node.src.as_fd(), name).map_err(|e| (Side::Src, e)),
+                    sluice_sys::open_read_at(node.dst(), name).map_err(|e| (Side::Dst, e)),
+                );
+                let (src_fd, dst_fd) = match opened {
+                    (Ok(s), Ok(d)) => (s, d),
+                    (Err((side, e)), _) | (_, Err((side, e))) => {
+                        return sh.fail(node.error(name, side, "open", Reason::Os(e)));
+                    }
+                };
+                let same = self.same_range(src_fd.as_fd(), dst_fd.as_fd(), 0, u64::MAX);
+                match same {
+                    Err((side, e)) => {
+                        return sh.fail(node.error(name, side, "read", Reason::Os(e)))
+                    }
+                    Ok(false) => Some("content differs".to_string()),
+                    Ok(true) => {
+                        sh.stats.files_copied.fetch_add(1, Relaxed);
+                        sh.stats.bytes_copied.fetch_add(st.size, Relaxed);
+                        fds = Some((src_fd, dst_fd));
+                        None
+                    }
+                }
+            }
+            FileType::Symlink => {
+                let s = sluice_sys::readlink_at(node.src.as_fd(), name, Vec::new());
+                let d = sluice_sys::readlink_at(node.dst(), name, Vec::new());
+                match (s, d) {
+                    (Ok(s), Ok(d)) if s == d => {
+                        sh.stats.symlinks.fetch_add(1, Relaxed);
+                        None
+                    }
+                    (Ok(_), Ok(_)) => Some("symlink target differs".to_string()),
+                    (Err(e), _) | (_, Err(e)) => {
+                        return sh.fail(node.error(name, Side::Src, "readlink", Reason::Os(e)));
+                    }
+                }
+            }
+            FileType::CharacterDevice | FileType::BlockDevice if st.rdev != dst.rdev => {
+                Some("device number differs".to_string())
+            }
+            _ => {
+                sh.stats.specials.fetch_add(1, Relaxed);
+                None
+            }
+        };
+        let what = what.or_else(|| {
+            if !sh.opts.check.is_some_and(|c| c.metadata) {
+                return None;
+            }
+            let borrowed = fds.as_ref().map(|(s, d)| (s.as_fd(), d.as_fd()));
+            self.meta_difference(st, &dst, borrowed)
+        });
+        if let Some(what) = what {
+            sh.differs(Side::Src, &rel, &what);
+        }
+    }
+
+    /// `sluice verify` of a big file: its chunks are compared on up to
+    /// `jobs` streams at once.
+    pub(crate) fn check_big(&mut self, node: &Arc<DirNode>, name: &CStr, st: &Stat, chunks: u64) {
+        let Some(dst_st) = self.check_counterpart(node, name, st) else {
+            return;
+        };
+        let sh = self.shared.clone();
+        let opened = (
+            sluice_sys::open_read_at(node.src.as_fd(), name).map_err(|e| (Side::Src, e)),
+            sluice_sys::open_read_at(node.dst(), name).map_err(|e| (Side::Dst, e)),
+        );
+        let (src, dst) = match opened {
+            (Ok(s), Ok(d)) => (s, d),
+            (Err((side, e)), _) | (_, Err((side, e))) => {
+                return sh.fail(node.error(name, side, "open", Reason::Os(e)));
+            }
+        };
+        if sh.opts.direct && st.size >= DIRECT_MIN && !st.is_sparse() {
+            // Both or neither: a failed switch just means cached reads.
+            if sluice_sys::set_direct(src.as_fd(), true).is_ok()
+                && sluice_sys::set_direct(dst.as_fd(), true).is_err()
+            {
+                let _ = sluice_sys::set_direct(src.as_fd(), false);
+            }
+        }
+        let big = Arc::new(CheckBig {
+            node: node.clone(),
+            name: name.to_owned(),
+            src,
+            dst,
+            st: *st,
+            dst_st,
+            chunks,
+            next: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+            differs: AtomicBool::new(false),
+            failed: Mutex::new(None),
+        });
+        for _ in 0..chunks.min(sh.opts.jobs as u64) {
+            self.spawn(Task::Check(big.clone()));
+        }
+    }
+
+    /// Claims and compares chunks of `big`, yielding to other work between
+    /// chunks like a copy does.
+    pub(crate) fn run_check_chunks(&mut self, mut big: Arc<CheckBig>) {
+        loop {
+            let i = big.next.fetch_add(1, Relaxed);
+            if i >= big.chunks {
+                return;
+            }
+            let pending = !self.shared.stopped()
+                && !big.differs.load(Relaxed)
+                && big.failed.lock().expect("chunk lock").is_none();
+            if pending {
+                let (off, len) = plan::chunk_range(big.st.size, self.shared.opts.chunk_size, i);
+                match self.same_range(big.src.as_fd(), big.dst.as_fd(), off, len) {
+                    Ok(true) => {
+                        self.shared.stats.bytes_copied.fetch_add(len, Relaxed);
+                    }
+                    Ok(false) => big.differs.store(true, Relaxed),
+                    Err((side, e)) => {
+                        let err = big.node.error(&big.name, side, "read", Reason::Os(e));
+                        big.failed.lock().expect("chunk lock").get_or_insert(err);
+                    }
+                }
+            }
+            if big.done.fetch_add(1, Relaxed) + 1 == big.chunks {
+                return self.finish_check(&big);
+            }
+            match self.shared.queue.push(Lane::Data, Task::Check(big)) {
+                Ok(()) => return,
+                Err(Task::Check(b)) => big = b,
+                Err(_) => unreachable!("pushed a check, got it back as something else"),
+            }
+        }
+    }
+
+    fn finish_check(&mut self, big: &CheckBig) {
+        let sh = self.shared.clone();
+        if sh.stopped() {
+            return;
+        }
+        if let Some(err) = big.failed.lock().expect("chunk lock").take() {
+            return sh.fail(err);
+        }
+        let rel = big.node.child_rel(&big.name);
+        if big.differs.load(Relaxed) {
+            return sh.differs(Side::Src, &rel, "content differs");
+        }
+        sh.stats.files_copied.fetch_add(1, Relaxed);
+        if sh.opts.check.is_some_and(|c| c.metadata) {
+            let fds = Some((big.src.as_fd(), big.dst.as_fd()));
+            if let Some(what) = self.meta_difference(&big.st, &big.dst_st, fds) {
+                sh.differs(Side::Src, &rel, &what);
+            }
+        }
+    }
+}
