@@ -143,6 +143,12 @@ pub struct CopyArgs {
     /// Share data blocks with the source where the file system can (xfs, btrfs).
     #[arg(long, value_enum, default_value = "auto")]
     pub reflink: ReflinkArg,
+    /// Update changed big files by patching DST's copy in place, writing
+    /// only the blocks that differ, on any file system. Readers may see a
+    /// half-updated file while it runs; an interrupted run is finished by
+    /// the next one.
+    #[arg(long)]
+    pub inplace: bool,
 }
 
 #[derive(Args)]
@@ -208,6 +214,7 @@ impl CopyArgs {
             checksum: self.checksum,
             verify: self.verify,
             hash: self.hash.kind(),
+            inplace: self.inplace,
             ..self.job.options()?
         })
     }

@@ -203,3 +203,76 @@ fn delete_after_a_failed_walk_deletes_nothing() {
     assert!(dst.join("extra").exists());
     assert_eq!(fs::read(dst.join("secret/data")).unwrap(), b"s");
 }
+
+/// Rewrites `len` bytes at `off` of a file and gives it a new mtime.
+fn scribble(path: &Path, off: u64, len: usize) {
+    use std::os::unix::fs::FileExt;
+    let f = fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(&bytes(len, off), off).unwrap();
+    set_mtime(path, 1_700_000_000 + off as i64, 0);
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Where DST can clone (btrfs here; SRC on another file system), a changed
+/// big file gets a temporary cloned from its old copy, only the differing
+/// blocks are written, and it is renamed into place as a whole.
+#[test]
+fn a_changed_big_file_is_cloned_and_patched_where_dst_can_clone() {
+    let Some(lfs) = LoopFs::new("btrfs", 400) else {
+        return;
+    };
+    let t = disk_dir("delta-clone");
+    let src = t.path().join("src");
+    write(&src.join("big.bin"), &bytes(40 << 20, 4));
+    let dst = lfs.path().join("dst");
+    ok(&copy(&src, &dst, &["--chunk-size", "1M"]));
+    let old_ino = fs::metadata(dst.join("big.bin")).unwrap().ino();
+    scribble(&src.join("big.bin"), 5 * MIB + 100, 10);
+    scribble(&src.join("big.bin"), 30 * MIB, 4096);
+    let out = sync(&src, &dst, &["--chunk-size", "1M", "--json"]);
+    ok(&out);
+    // two 1 MiB chunks differ; nothing else is written
+    assert_eq!(summary(&out)["bytes_copied"], 2 * MIB);
+    assert_same_tree(&src, &dst);
+    assert_ne!(fs::metadata(dst.join("big.bin")).unwrap().ino(), old_ino);
+    assert_no_temporaries(&dst);
+}
+
+/// `--inplace` patches DST's file itself on any file system (ext4 here,
+/// which cannot clone); without it, a file that changed is copied whole.
+#[test]
+fn inplace_patches_only_what_differs_and_default_copies_whole() {
+    let t = disk_dir("delta-inplace");
+    let src = t.path().join("src");
+    let dst = t.path().join("dst");
+    write(&src.join("big.bin"), &bytes(40 << 20, 5));
+    ok(&copy(&src, &dst, &["--chunk-size", "1M"]));
+    let ino = fs::metadata(dst.join("big.bin")).unwrap().ino();
+    scribble(&src.join("big.bin"), 7 * MIB, 100);
+    // it grows by 100 KiB too: a new last chunk
+    {
+        use std::io::Write;
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(src.join("big.bin"))
+            .unwrap();
+        f.write_all(&bytes(100 << 10, 77)).unwrap();
+    }
+    set_mtime(&src.join("big.bin"), 1_750_000_000, 1);
+    let out = sync(&src, &dst, &["--chunk-size", "1M", "--inplace", "--json"]);
+    ok(&out);
+    assert_eq!(summary(&out)["bytes_copied"], MIB + (100 << 10));
+    assert_same_tree(&src, &dst);
+    assert_eq!(fs::metadata(dst.join("big.bin")).unwrap().ino(), ino);
+    // The default on a file system that cannot clone: the whole file.
+    scribble(&src.join("big.bin"), 20 * MIB, 10);
+    let out = sync(
+        &src,
+        &dst,
+        &["--chunk-size", "1M", "--json", "--reflink", "never"],
+    );
+    ok(&out);
+    assert_eq!(summary(&out)["bytes_copied"], (40 << 20) + (100 << 10));
+    assert_same_tree(&src, &dst);
+}

@@ -142,11 +142,16 @@ pub(crate) struct BigFile {
     dst_name: CString,
     /// Path in DST relative to its root: the file's key in the journal.
     rel: Vec<u8>,
-    tmp: TempName,
+    /// The temporary being filled; `None` when the final file itself is
+    /// patched (`--inplace`).
+    tmp: Option<TempName>,
     src: OwnedFd,
     dst: Arc<OwnedFd>,
     /// Whether `src` and `dst` were switched to `O_DIRECT`.
     direct: bool,
+    /// Whether `dst` already holds an older version: chunks are compared
+    /// and only differing blocks written (see `delta`).
+    delta: bool,
     st: Stat,
     /// The chunks still to copy (all of them, unless resumed).
     todo: Vec<u64>,
@@ -167,16 +172,16 @@ impl BigFile {
 
 impl Drop for BigFile {
     fn drop(&mut self) {
-        if self.committed.load(Relaxed) {
-            return;
-        }
+        let Some(tmp) = self.tmp.filter(|_| !self.committed.load(Relaxed)) else {
+            return; // committed, or patched in place: never removed
+        };
         let journal = self.node.shared.journal.as_ref();
         // Stopped (interrupt, full disk): the temporary and its record stay
         // so the next run copies only the chunks that had not landed.
         if self.journaled && self.node.shared.stopped() && journal.is_some_and(|j| j.working()) {
             return;
         }
-        let _ = sluice_sys::unlink_at(self.node.dst(), self.tmp.as_cstr());
+        let _ = sluice_sys::unlink_at(self.node.dst(), tmp.as_cstr());
         if let (true, Some(j)) = (self.journaled, journal) {
             j.forget(&self.rel);
         }
@@ -701,9 +706,16 @@ impl Worker {
         let resumed = journal
             .and_then(|j| j.take(&rel))
             .and_then(|rec| resume_temp(node, rec, st, chunk_size));
-        let (tmp, dst, record, cloned) = match resumed {
-            Some((tmp, fd, rec)) => (tmp, fd, rec, false),
-            None => {
+        let in_place = match resumed {
+            None if self.shared.opts.inplace && node.existed => {
+                self.open_in_place(node, dst_name, st)
+            }
+            _ => None,
+        };
+        let (tmp, dst, record, cloned, delta) = match (resumed, in_place) {
+            (Some((tmp, fd, rec)), _) => (Some(tmp), fd, Some(rec), false, false),
+            (None, Some(fd)) => (None, fd, None, false, true),
+            (None, None) => {
                 let tmp = TempName::new(&self.shared);
                 let dst = sluice_sys::create_excl_at(node.dst(), tmp.as_cstr(), st.perm() & 0o1777)
                     .map_err(|e| err("create temporary for", e))?;
@@ -711,10 +723,11 @@ impl Worker {
                 let cloned = self
                     .try_clone(src.as_fd(), dst.as_fd())
                     .map_err(|(op, e)| err(op, e))?;
+                let delta = !cloned && node.existed && self.clone_old(node, dst_name, dst.as_fd());
                 if !cloned {
                     sluice_sys::set_len(dst.as_fd(), st.size).map_err(|e| err("truncate", e))?;
                 }
-                if !cloned && !st.is_sparse() {
+                if !cloned && !delta && !st.is_sparse() {
                     // Reserving the space up front finds a full disk before
                     // any chunk is written and lets the file system lay it
                     // out in one piece.
@@ -724,18 +737,20 @@ impl Worker {
                 std::mem::forget(guard); // BigFile's Drop owns the temporary from here
                 let rec =
                     crate::journal::Record::new(tmp.as_cstr().to_bytes(), st, chunk_size, chunks);
-                (tmp, dst, rec, cloned)
+                (Some(tmp), dst, Some(rec), cloned, delta)
             }
         };
-        let todo: Vec<u64> = if cloned {
-            Vec::new()
-        } else {
-            (0..chunks).filter(|&i| !record.is_done(i)).collect()
+        let todo: Vec<u64> = match &record {
+            _ if cloned => Vec::new(),
+            Some(rec) => (0..chunks).filter(|&i| !rec.is_done(i)).collect(),
+            None => (0..chunks).collect(),
         };
         let direct = !cloned && self.use_direct(src.as_fd(), dst.as_fd(), st);
-        let journaled = !todo.is_empty() && journal.is_some();
-        if let (true, Some(j)) = (journaled, journal) {
-            j.begin(&rel, record);
+        // In place needs no record: the source's mtime is set last, so an
+        // interrupted file still looks changed and is compared again.
+        let journaled = !todo.is_empty() && journal.is_some() && record.is_some();
+        if let (true, Some(j), Some(rec)) = (journaled, journal, record) {
+            j.begin(&rel, rec);
         }
         if cloned {
             self.shared.stats.bytes_copied.fetch_add(st.size, Relaxed);
@@ -749,6 +764,7 @@ impl Worker {
             src,
             dst: Arc::new(dst),
             direct,
+            delta,
             st: *st,
             todo,
             next: AtomicU64::new(0),
@@ -819,7 +835,9 @@ impl Worker {
     fn copy_chunk(&mut self, big: &BigFile, i: u64) -> Result<(), (&'static str, Errno)> {
         let (off, len) = plan::chunk_range(big.st.size, self.shared.opts.chunk_size, i);
         let (src, dst) = (big.src.as_fd(), big.dst.as_fd());
-        let copied = if big.direct {
+        let copied = if big.delta {
+            self.patch_range(src, dst, off, len, big.direct)?
+        } else if big.direct {
             copy_direct(src, dst, off, len, self.scratch.buf())?
         } else if big.st.is_sparse() {
             self.copy_extents(src, dst, off, len)?
@@ -873,9 +891,11 @@ impl Worker {
             &big.dst_name,
             &big.st,
         )?;
-        sluice_sys::rename_at(node.dst(), big.tmp.as_cstr(), node.dst(), &big.dst_name).map_err(
-            |e| node.error(&big.dst_name, Side::Dst, "rename into place", Reason::Os(e)),
-        )?;
+        if let Some(tmp) = &big.tmp {
+            sluice_sys::rename_at(node.dst(), tmp.as_cstr(), node.dst(), &big.dst_name).map_err(
+                |e| node.error(&big.dst_name, Side::Dst, "rename into place", Reason::Os(e)),
+            )?;
+        }
         big.committed.store(true, Relaxed);
         if let Some(j) = journal {
             j.forget(&big.rel);

@@ -64,6 +64,9 @@ pub struct CopyOptions {
     pub verify: bool,
     /// The content hash of `verify`.
     pub hash: HashKind,
+    /// Patch changed big files in place instead of cloning the old copy
+    /// into a temporary (readers may see them half-updated meanwhile).
+    pub inplace: bool,
 }
 
 /// What `sluice verify` compares besides content.
@@ -112,6 +115,7 @@ impl Default for CopyOptions {
             check: None,
             verify: false,
             hash: HashKind::Xxh3,
+            inplace: false,
         }
     }
 }
@@ -264,6 +268,8 @@ pub(crate) struct Shared {
     pub clone_ok: AtomicBool,
     /// Cleared when DST refuses `O_TMPFILE`.
     pub unnamed_ok: AtomicBool,
+    /// Cleared after DST refuses to clone an older copy (block-delta).
+    pub delta_clone_ok: AtomicBool,
     pid: u32,
     tmp_seq: AtomicU64,
     /// Resume state of big files; `None` in a dry run.
@@ -430,6 +436,7 @@ pub fn copy(
         kernel_copy_ok: AtomicBool::new(opts.reflink != Reflink::Never),
         clone_ok: AtomicBool::new(opts.reflink != Reflink::Never),
         unnamed_ok: AtomicBool::new(true),
+        delta_clone_ok: AtomicBool::new(opts.reflink != Reflink::Never),
         pid: std::process::id(),
         tmp_seq: AtomicU64::new(0),
         journal,

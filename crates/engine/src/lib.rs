@@ -19,6 +19,7 @@
 pub mod compare;
 mod copy;
 mod delete;
+mod delta;
 pub mod error;
 mod existing;
 mod job;
