@@ -149,6 +149,10 @@ pub struct CopyArgs {
     /// the next one.
     #[arg(long)]
     pub inplace: bool,
+    /// Copy a file again up to N times when its source changes while it is
+    /// copied, then report it as failed.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub retries: u32,
 }
 
 #[derive(Args)]
@@ -215,6 +219,7 @@ impl CopyArgs {
             verify: self.verify,
             hash: self.hash.kind(),
             inplace: self.inplace,
+            retries: self.retries,
             ..self.job.options()?
         })
     }

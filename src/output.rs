@@ -258,6 +258,7 @@ pub fn summary_json(s: &Summary, outcome: &str, kind: Kind) -> serde_json::Value
             "specials": s.specials,
             "files_unchanged": s.unchanged,
             "deleted": s.deleted,
+            "retries": s.retries,
             "files_per_s": rate(s.files_copied as f64, s.elapsed).round(),
             "bytes_per_s": rate(s.bytes_copied as f64, s.elapsed).round(),
         }),
@@ -340,6 +341,7 @@ mod tests {
             unchanged: 6,
             deleted: 7,
             differences: 0,
+            retries: 0,
             errors: 5,
             elapsed: Duration::from_millis(21_540),
         }
@@ -369,7 +371,7 @@ mod tests {
     #[test]
     fn summary_json_snapshot() {
         let got = summary_json(&sample(), "partial", Kind::Copy { dry_run: false }).to_string();
-        let want = r#"{"type":"summary","outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"deleted":7,"files_per_s":9285.0,"bytes_per_s":9507892.0}"#;
+        let want = r#"{"type":"summary","outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"deleted":7,"retries":0,"files_per_s":9285.0,"bytes_per_s":9507892.0}"#;
         assert_eq!(got, want);
     }
 

@@ -176,45 +176,75 @@ fn sigint_exits_130_and_the_same_command_finishes() {
     assert_no_temporaries(&dst);
 }
 
-/// A source file that changes while it is copied is reported, exit 1, and
-/// its torn copy never appears under the final name. strace holds the copy
-/// in its first write for two seconds while the test appends to the file.
+/// A source file that changes while it is copied is never committed torn:
+/// it is copied again (`--retries`, default 2) or, with no retries left,
+/// reported (exit 1). strace holds the copy in its first write for two
+/// seconds while the test changes the file: appends to a whole-file copy,
+/// replaces (rename over) a chunked one.
 #[test]
-fn a_source_changed_during_its_copy_is_reported_not_committed() {
+fn a_source_changed_during_its_copy_is_retried_or_reported_never_committed_torn() {
     let t = disk_dir("changing");
-    let src = t.path().join("src");
-    write(&src.join("growing.bin"), &bytes(2 << 20, 5));
-    let dst = t.path().join("dst");
-    let Some(mut cmd) = copy_under_strace("delay_exit=2000000:when=1", &src, &dst, &["-j", "1"])
-    else {
-        return;
-    };
-    let child = cmd
-        .stderr(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(700));
+    for (case, (name, size, extra)) in [
+        ("growing.bin", 2usize << 20, vec!["-j", "1"]),
+        (
+            "replaced.bin",
+            6 << 20,
+            vec!["-j", "2", "--chunk-size", "1M"],
+        ),
+    ]
+    .into_iter()
+    .enumerate()
     {
-        use std::io::Write;
-        let mut f = fs::OpenOptions::new()
-            .append(true)
-            .open(src.join("growing.bin"))
-            .unwrap();
-        f.write_all(b"appended while being copied").unwrap();
+        for retries in ["0", "2"] {
+            let src = t.path().join(format!("src-{case}-{retries}"));
+            let dst = t.path().join(format!("dst-{case}-{retries}"));
+            write(&src.join(name), &bytes(size, 5));
+            let mut args = extra.clone();
+            args.extend(["--retries", retries, "--json"]);
+            let Some(mut cmd) = copy_under_strace("delay_exit=2000000:when=1", &src, &dst, &args)
+            else {
+                return;
+            };
+            let child = cmd
+                .stderr(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(700));
+            if case == 0 {
+                use std::io::Write;
+                let mut f = fs::OpenOptions::new()
+                    .append(true)
+                    .open(src.join(name))
+                    .unwrap();
+                f.write_all(b"appended while being copied").unwrap();
+            } else {
+                write(&src.join("next"), &bytes(size, 6));
+                fs::rename(src.join("next"), src.join(name)).unwrap();
+            }
+            let out = child.wait_with_output().unwrap();
+            if retries == "0" {
+                assert_eq!(code(&out), 1, "{name}: {}", stderr(&out));
+                assert!(
+                    stderr(&out).contains("changed during copy"),
+                    "{name}: {}",
+                    stderr(&out)
+                );
+                assert!(
+                    !dst.join(name).exists(),
+                    "{name}: a torn copy was committed"
+                );
+            } else {
+                ok(&out);
+                assert_eq!(summary(&out)["retries"], 1, "{name}");
+                assert!(
+                    fs::read(dst.join(name)).unwrap() == fs::read(src.join(name)).unwrap(),
+                    "{name}: the retry did not copy the source as it is now"
+                );
+            }
+            assert_no_temporaries(&dst);
+        }
     }
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(code(&out), 1, "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("changed during copy"),
-        "{}",
-        stderr(&out)
-    );
-    assert!(
-        !dst.join("growing.bin").exists(),
-        "a torn copy was committed"
-    );
-    assert_no_temporaries(&dst);
 }
 
 /// An unwritable DST stops the job before it starts: exit 2, one message.

@@ -161,6 +161,8 @@ pub(crate) struct BigFile {
     failed: Mutex<Option<EntryError>>,
     /// Whether the journal has a record of this file.
     journaled: bool,
+    /// How many times the source changed under earlier attempts.
+    attempt: u32,
     committed: AtomicBool,
 }
 
@@ -243,7 +245,7 @@ impl Worker {
                         return;
                     }
                 }
-                let res = self.copy_whole(node, src_name, dst_name, st);
+                let res = self.copy_whole_retrying(node, src_name, dst_name, st);
                 if let Some(key) = key {
                     self.finish_link(key, node, dst_name, res.is_ok());
                 }
@@ -254,6 +256,36 @@ impl Worker {
         };
         if let Err(err) = res {
             self.shared.fail(err);
+        }
+    }
+
+    /// Copies a regular file, again (up to `--retries` times, with the
+    /// source's new metadata) when it changed while being copied.
+    fn copy_whole_retrying(
+        &mut self,
+        node: &DirNode,
+        src_name: &CStr,
+        dst_name: &CStr,
+        st: &Stat,
+    ) -> Result<(), EntryError> {
+        let mut st = *st;
+        let mut attempt = 0;
+        loop {
+            let res = self.copy_whole(node, src_name, dst_name, &st);
+            match res {
+                Err(EntryError {
+                    reason: Reason::Changed(_),
+                    ..
+                }) if attempt < self.shared.opts.retries => {
+                    match sluice_sys::stat_at(node.src.as_fd(), src_name) {
+                        Ok(now) if now.file_type() == FileType::RegularFile => st = now,
+                        _ => return res,
+                    }
+                    attempt += 1;
+                    self.shared.stats.retries.fetch_add(1, Relaxed);
+                }
+                other => return other,
+            }
         }
     }
 
@@ -273,13 +305,11 @@ impl Worker {
             let copied = self
                 .copy_data(src.as_fd(), dst, st)
                 .map_err(|(op, e)| node.error(dst_name, copy_side(e), op, Reason::Os(e)))?;
-            // A short read proves a change; a file big enough for its copy
-            // to take a while is also checked with a stat afterwards (size
-            // and mtime), which for a 1 KiB file would cost more than the
-            // copy itself for a window of microseconds.
-            if st.is_sparse() || st.size >= DIRECT_MIN {
-                check_unchanged(node, src_name, src.as_fd(), st)?;
-            }
+            // Size and mtime of the open file after the copy (one statx on
+            // a hot inode, well under 1% of a small file's copy); a file
+            // big enough to take a while is also looked up by name again,
+            // to catch one replaced meanwhile.
+            check_unchanged(node, src_name, src.as_fd(), st, st.size >= DIRECT_MIN)?;
             if copied != st.size && !st.is_sparse() {
                 return Err(node.error(
                     src_name,
@@ -654,22 +684,34 @@ impl Worker {
         st: &Stat,
         chunks: u64,
     ) {
+        self.start_big_attempt(node, src_name, dst_name, st, chunks, 0)
+    }
+
+    fn start_big_attempt(
+        &mut self,
+        node: &Arc<DirNode>,
+        src_name: &CStr,
+        dst_name: &CStr,
+        st: &Stat,
+        chunks: u64,
+        attempt: u32,
+    ) {
         if self.shared.checking() {
             return self.check_big(node, src_name, st, chunks);
         }
         if self.shared.opts.dry_run {
             return self.copy_entry(node, src_name, dst_name, st);
         }
-        if node.existed && self.up_to_date(node, src_name, dst_name, st) {
+        if attempt == 0 && node.existed && self.up_to_date(node, src_name, dst_name, st) {
             return;
         }
         let key = link_key(st);
-        if let Some(key) = key {
+        if let Some(key) = key.filter(|_| attempt == 0) {
             if let Claim::Handled = self.claim_link(key, node, dst_name) {
                 return;
             }
         }
-        match self.open_big(node, src_name, dst_name, st, chunks) {
+        match self.open_big(node, src_name, dst_name, st, chunks, attempt) {
             Ok(big) if big.chunks() == 0 => self.finish_big(&big),
             Ok(big) => {
                 let streams = big.chunks().min(self.shared.opts.jobs as u64);
@@ -696,6 +738,7 @@ impl Worker {
         dst_name: &CStr,
         st: &Stat,
         chunks: u64,
+        attempt: u32,
     ) -> Result<Arc<BigFile>, EntryError> {
         let src = sluice_sys::open_read_at(node.src.as_fd(), src_name)
             .map_err(|e| node.error(src_name, Side::Src, "open", Reason::Os(e)))?;
@@ -771,6 +814,7 @@ impl Worker {
             done: AtomicU64::new(0),
             failed: Mutex::new(None),
             journaled,
+            attempt,
             committed: AtomicBool::new(false),
         }))
     }
@@ -857,6 +901,9 @@ impl Worker {
         let res = self.commit_big(big);
         let ok = res.is_ok();
         if let Err(err) = res {
+            if matches!(err.reason, Reason::Changed(_)) && big.attempt < self.shared.opts.retries {
+                return self.retry_big(big);
+            }
             self.shared.fail(err);
         }
         if let Some(key) = key {
@@ -864,12 +911,46 @@ impl Worker {
         }
     }
 
+    /// Starts a big file over whose source changed while it was copied:
+    /// its temporary and record go now (so they cannot be mistaken for the
+    /// new attempt's), and the new attempt copies the source as it is now.
+    fn retry_big(&mut self, big: &BigFile) {
+        if let Some(tmp) = &big.tmp {
+            let _ = sluice_sys::unlink_at(big.node.dst(), tmp.as_cstr());
+        }
+        if let (true, Some(j)) = (big.journaled, &self.shared.journal) {
+            j.forget(&big.rel);
+        }
+        big.committed.store(true, Relaxed); // settled: Drop leaves it alone
+        self.shared.stats.retries.fetch_add(1, Relaxed);
+        let st = match sluice_sys::stat_at(big.node.src.as_fd(), &big.src_name) {
+            Ok(st) if st.file_type() == FileType::RegularFile => st,
+            Ok(_) | Err(_) => {
+                return self.shared.fail(big.node.error(
+                    &big.src_name,
+                    Side::Src,
+                    "read",
+                    Reason::Changed("removed or replaced by a non-file".into()),
+                ))
+            }
+        };
+        let chunks = plan::chunk_count(st.size, self.shared.opts.chunk_size);
+        self.start_big_attempt(
+            &big.node,
+            &big.src_name,
+            &big.dst_name,
+            &st,
+            chunks,
+            big.attempt + 1,
+        );
+    }
+
     fn commit_big(&mut self, big: &BigFile) -> Result<(), EntryError> {
         if let Some(err) = big.failed.lock().expect("chunk lock").take() {
             return Err(err);
         }
         let node = &big.node;
-        check_unchanged(node, &big.src_name, big.src.as_fd(), &big.st)?;
+        check_unchanged(node, &big.src_name, big.src.as_fd(), &big.st, true)?;
         let shared = self.shared.clone();
         let journal = shared.journal.as_ref().filter(|_| big.journaled);
         if journal.is_some_and(|j| j.sync_failed(&big.rel)) {
@@ -936,21 +1017,26 @@ fn check_unchanged(
     name: &CStr,
     src: BorrowedFd<'_>,
     st: &Stat,
+    by_name: bool,
 ) -> Result<(), EntryError> {
+    let changed = |what: String| Err(node.error(name, Side::Src, "read", Reason::Changed(what)));
     let now =
         sluice_sys::stat_fd(src).map_err(|e| node.error(name, Side::Src, "stat", Reason::Os(e)))?;
-    if now.size == st.size && now.mtime == st.mtime {
-        return Ok(());
+    if now.size != st.size || now.mtime != st.mtime {
+        return changed(format!(
+            "size {} -> {}, mtime {}.{:09} -> {}.{:09}",
+            st.size, now.size, st.mtime.0, st.mtime.1, now.mtime.0, now.mtime.1
+        ));
     }
-    Err(node.error(
-        name,
-        Side::Src,
-        "read",
-        Reason::Changed(format!(
-            "size {} -> {}, mtime {:?} -> {:?}",
-            st.size, now.size, st.mtime, now.mtime
-        )),
-    ))
+    if by_name {
+        match sluice_sys::stat_at(node.src.as_fd(), name) {
+            Ok(named) if named.ino == st.ino => {}
+            Ok(_) => return changed("replaced by another file".into()),
+            Err(Errno::NOENT) => return changed("removed".into()),
+            Err(e) => return Err(node.error(name, Side::Src, "stat", Reason::Os(e))),
+        }
+    }
+    Ok(())
 }
 
 /// Copies `[off, off + len)` between `O_DIRECT` descriptors through an

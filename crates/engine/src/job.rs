@@ -67,6 +67,9 @@ pub struct CopyOptions {
     /// Patch changed big files in place instead of cloning the old copy
     /// into a temporary (readers may see them half-updated meanwhile).
     pub inplace: bool,
+    /// How many times a file whose source changed while it was copied is
+    /// copied again before it is reported as failed.
+    pub retries: u32,
 }
 
 /// What `sluice verify` compares besides content.
@@ -116,6 +119,7 @@ impl Default for CopyOptions {
             verify: false,
             hash: HashKind::Xxh3,
             inplace: false,
+            retries: 2,
         }
     }
 }
@@ -147,6 +151,8 @@ pub struct Stats {
     pub deleted: AtomicU64,
     /// Entries `verify` found different (or missing, or extra).
     pub differences: AtomicU64,
+    /// Copies started again because the source changed meanwhile.
+    pub retries: AtomicU64,
     pub errors: AtomicU64,
     /// Entries and bytes listed so far (the walk runs ahead of the copy).
     pub entries_found: AtomicU64,
@@ -180,6 +186,7 @@ impl Stats {
             unchanged: self.unchanged.load(Relaxed),
             deleted: self.deleted.load(Relaxed),
             differences: self.differences.load(Relaxed),
+            retries: self.retries.load(Relaxed),
             errors: self.errors.load(Relaxed),
             elapsed,
         }
@@ -202,6 +209,8 @@ pub struct Summary {
     pub deleted: u64,
     /// Entries `verify` found different, missing or extra.
     pub differences: u64,
+    /// Copies started again because their source changed meanwhile.
+    pub retries: u64,
     pub errors: u64,
     pub elapsed: Duration,
 }
