@@ -349,3 +349,60 @@ fn second_concurrent_run_on_one_destination_fails_fast() {
     ok(&copy(&src, &dst, &[]));
     assert_eq!(entries(&dst).len(), 1);
 }
+
+/// A symlink swapped into DST while the copy runs never redirects a write:
+/// a racing thread renames DST's copy of a directory away and puts a
+/// symlink to a directory outside DST in its place, and plants symlinks to
+/// an outside file where files are about to be written.
+#[test]
+fn a_symlink_swapped_into_dst_during_the_copy_is_never_followed() {
+    let t = disk_dir("swap");
+    let src = t.path().join("src");
+    for d in 0..4 {
+        for f in 0..500 {
+            write(&src.join(format!("d{d}/f{f:03}")), &bytes(2000, f));
+        }
+    }
+    let outside = t.path().join("outside");
+    write(&outside.join("victim"), b"untouched");
+    for round in 0..3 {
+        let dst = t.path().join(format!("dst{round}"));
+        let racer = {
+            let (dst, outside) = (dst.clone(), outside.clone());
+            std::thread::spawn(move || {
+                let start = std::time::Instant::now();
+                let mut swapped = 0;
+                while start.elapsed().as_secs() < 10 && swapped < 4 {
+                    for d in 0..4 {
+                        let dir = dst.join(format!("d{d}"));
+                        if fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir())
+                            && fs::rename(&dir, dst.join(format!("moved{d}"))).is_ok()
+                        {
+                            std::os::unix::fs::symlink(&outside, &dir).unwrap();
+                            swapped += 1;
+                        }
+                        // and a link where a file will land, in the moved copy
+                        let _ = std::os::unix::fs::symlink(
+                            outside.join("victim"),
+                            dst.join(format!("moved{d}/f499")),
+                        );
+                    }
+                    std::thread::yield_now();
+                }
+                swapped
+            })
+        };
+        let out = copy(&src, &dst, &["-j", "2"]);
+        let swapped = racer.join().unwrap();
+        assert!(matches!(code(&out), 0 | 1), "{}", stderr(&out));
+        assert_eq!(fs::read(outside.join("victim")).unwrap(), b"untouched");
+        let escaped: Vec<_> = fs::read_dir(&outside)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .filter(|n| n != "victim")
+            .collect();
+        assert!(escaped.is_empty(), "round {round}: written outside DST: {escaped:?}");
+        eprintln!("round {round}: {swapped} directories swapped mid-copy");
+    }
+}
