@@ -402,7 +402,10 @@ fn a_symlink_swapped_into_dst_during_the_copy_is_never_followed() {
             .map(|e| e.file_name())
             .filter(|n| n != "victim")
             .collect();
-        assert!(escaped.is_empty(), "round {round}: written outside DST: {escaped:?}");
+        assert!(
+            escaped.is_empty(),
+            "round {round}: written outside DST: {escaped:?}"
+        );
         eprintln!("round {round}: {swapped} directories swapped mid-copy");
     }
 }

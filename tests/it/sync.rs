@@ -276,3 +276,33 @@ fn inplace_patches_only_what_differs_and_default_copies_whole() {
     assert_eq!(summary(&out)["bytes_copied"], (40 << 20) + (100 << 10));
     assert_same_tree(&src, &dst);
 }
+
+/// `sync --delete --dry-run` says what a real run would copy and delete,
+/// and touches nothing.
+#[test]
+fn dry_run_compares_with_dst_and_changes_nothing() {
+    let t = disk_dir("dry");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    tree(&src);
+    ok(&copy(&src, &dst, &[]));
+    write(&src.join("a/new"), b"new");
+    write(&src.join("top"), b"changed!");
+    write(&dst.join("a/b/extra-dir/x"), b"x");
+    write(&dst.join("extra"), b"x");
+    write(&dst.join(".sluice-1-2.tmp"), b"a leftover");
+    let before = ctimes(&dst);
+    let out = sync(&src, &dst, &["--delete", "--dry-run", "--json"]);
+    ok(&out);
+    let s = summary(&out);
+    // top and its hard link a/top-again changed (a dry run counts each
+    // name as a file), a/new is new
+    assert_eq!(s["files_copied"], 3, "{s}");
+    assert_eq!(s["deleted"], 3, "{s}"); // extra-dir, its x, extra
+    assert_eq!(json_lines(&out, "deleted").len(), 3);
+    assert_eq!(ctimes(&dst), before, "a dry run changed DST");
+    // into a DST that does not exist: everything would be copied
+    let out = sync(&src, &t.path().join("none"), &["--dry-run", "--json"]);
+    ok(&out);
+    assert_eq!(summary(&out)["files_copied"], 6);
+    assert!(!t.path().join("none").exists());
+}

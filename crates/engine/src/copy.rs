@@ -217,10 +217,7 @@ impl Worker {
         if self.shared.checking() {
             return self.check_entry(node, src_name, st);
         }
-        if node.existed
-            && !self.shared.opts.dry_run
-            && self.up_to_date(node, src_name, dst_name, st)
-        {
+        if node.existed && self.up_to_date(node, src_name, dst_name, st) {
             return;
         }
         let stats = &self.shared.stats;

@@ -3,7 +3,8 @@
 //! Extras are only noted while the trees are walked ([`Extras`]); nothing
 //! is removed until every stream is done and the job had no error at all,
 //! so an unreadable source directory (which looks empty) never causes a
-//! deletion. `--max-delete N` stops before the N+1th removal.
+//! deletion. `--max-delete N` stops before the N+1th removal. A dry run
+//! lists and counts what would go, and removes nothing.
 
 use crate::error::{EntryError, Reason, Side};
 use crate::existing::join;
@@ -42,7 +43,9 @@ pub(crate) fn run(shared: &Shared) {
         ));
         return;
     }
-    let root = shared.dst_root_fd.as_ref().expect("not a dry run");
+    let Some(root) = shared.dst_root_fd.as_ref() else {
+        return; // a dry run into a DST that does not exist yet
+    };
     let mut stream = DirStream::default();
     let mut deleter = Deleter {
         shared,
@@ -67,10 +70,12 @@ pub(crate) fn run(shared: &Shared) {
                 break;
             }
         }
-        // Removing entries changed the directory's times; put SRC's back.
-        let _ = sluice_sys::set_times(dir.as_fd(), &group.src_stat);
-        if shared.opts.fsync {
-            let _ = sluice_sys::sync(dir.as_fd());
+        if !shared.opts.dry_run {
+            // Removing entries changed the directory's times; put SRC's back.
+            let _ = sluice_sys::set_times(dir.as_fd(), &group.src_stat);
+            if shared.opts.fsync {
+                let _ = sluice_sys::sync(dir.as_fd());
+            }
         }
         if let Err(Stop::Limit) = outcome {
             let max = shared.opts.max_delete.unwrap_or(0);
@@ -126,7 +131,9 @@ impl Deleter<'_> {
             self.empty(fd, rel)?;
         }
         self.take_one()?;
-        let res = if is_dir {
+        let res = if self.shared.opts.dry_run {
+            Ok(()) // counted and listed, not removed
+        } else if is_dir {
             sluice_sys::rmdir_at(dir, name)
         } else {
             sluice_sys::unlink_at(dir, name)

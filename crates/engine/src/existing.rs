@@ -81,7 +81,7 @@ impl Worker {
         if !same {
             return false;
         }
-        if !compare::meta_same(st, &dst, sh.opts.perm_mask(), owners) {
+        if !compare::meta_same(st, &dst, sh.opts.perm_mask(), owners) && !sh.opts.dry_run {
             if let Err(e) = self.fix_meta(node, dst_name, st) {
                 // Not fixable in place (say, a file DST cannot open): copy it.
                 if e == Errno::ACCESS || st.file_type() != FileType::RegularFile {
@@ -225,7 +225,7 @@ impl Worker {
         let res = stream.for_each(dst, |entry| {
             let name = entry.name;
             if sluice_sys::is_temp_name(name.to_bytes()) {
-                if !sh.checking() && !sh.journal_owns(rel, name) {
+                if sh.writes() && !sh.journal_owns(rel, name) {
                     stale.push(name.to_owned());
                 }
                 return true;

@@ -288,6 +288,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Whether this job changes DST (not a dry run, not `verify`).
+    pub fn writes(&self) -> bool {
+        !self.opts.dry_run && !self.checking()
+    }
+
     /// Whether this job compares rather than copies.
     pub fn checking(&self) -> bool {
         self.opts.check.is_some()
@@ -396,7 +401,7 @@ pub fn copy(
     let access = if opts.check.is_some() {
         Access::Read
     } else if opts.dry_run {
-        Access::None
+        Access::Peek
     } else {
         Access::Write
     };
@@ -422,7 +427,7 @@ pub fn copy(
         None => None,
     };
     let journal = match &dst_root_fd {
-        Some(_) if opts.check.is_some() => None,
+        Some(_) if opts.check.is_some() || opts.dry_run => None,
         Some(fd) => Some(Journal::open(
             fd,
             roots.single.as_ref().map(|s| s.1.to_bytes()),
@@ -458,10 +463,10 @@ pub fn copy(
         dst: roots.dst_fd,
         // A single file's target directory is the user's: its entry is
         // compared like any in an existing directory.
-        existed: roots.dst_existed || roots.single.is_some(),
+        existed: roots.dst_existed || (roots.single.is_some() && shared.dst_root_fd.is_some()),
         rel: Vec::new(),
         stat: src_stat,
-        owned: roots.single.is_none() && !shared.checking(),
+        owned: roots.single.is_none() && shared.writes(),
         parent: None,
         shared: shared.clone(),
     });
@@ -493,7 +498,7 @@ pub fn copy(
     // Streams are gone; anything still queued (after a stop) is dropped here,
     // which removes its temporaries.
     drop(shared.queue.close());
-    if !shared.stopped() && shared.opts.delete && !shared.opts.dry_run {
+    if !shared.stopped() && shared.opts.delete {
         crate::delete::run(&shared);
     }
     close_journal(&shared);
@@ -542,8 +547,9 @@ fn close_journal(shared: &Shared) {
 /// What a job does to DST.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Access {
-    /// Nothing: a dry run does not even open it.
-    None,
+    /// Looks (a dry run): opened read-only if it exists, to compare with;
+    /// never created or locked.
+    Peek,
     /// Reads it (`verify`): it must exist, and is neither created nor locked.
     Read,
     /// Writes it: created if missing, checked writable, locked.
@@ -615,8 +621,10 @@ impl Roots {
         }
         let src_fd = sluice_sys::open_dir_path(src).map_err(|e| src_err(src, e))?;
         let dst_existed = dst.is_dir();
-        let dst_fd = if access == Access::None {
-            None
+        let dst_fd = if access == Access::Peek {
+            dst.is_dir()
+                .then(|| sluice_sys::open_dir_path(dst).map_err(|e| dst_err(dst, e)))
+                .transpose()?
         } else if access == Access::Read {
             Some(sluice_sys::open_dir_path(dst).map_err(|e| dst_err(dst, e))?)
         } else {
@@ -636,12 +644,13 @@ impl Roots {
             }
             Some(fd)
         };
+        let has_dst = dst_fd.is_some();
         Ok(Roots {
             src_path: src.to_owned(),
             dst_path: dst.to_owned(),
             src_fd,
             dst_fd,
-            dst_existed: dst_existed && access != Access::None,
+            dst_existed: dst_existed && has_dst,
             single: None,
         })
     }
@@ -680,7 +689,10 @@ impl Roots {
         let st = sluice_sys::stat_at(sluice_sys::fd(&src_fd), &cstring(src_name.as_bytes()))
             .map_err(|e| src_err(src, e))?;
         let dst_fd = match access {
-            Access::None => None,
+            Access::Peek => dst_dir
+                .is_dir()
+                .then(|| sluice_sys::open_dir_path(&dst_dir).map_err(|e| dst_err(&dst_dir, e)))
+                .transpose()?,
             Access::Read => {
                 Some(sluice_sys::open_dir_path(&dst_dir).map_err(|e| dst_err(&dst_dir, e))?)
             }

@@ -45,7 +45,7 @@ impl DirNode {
     pub fn dst(&self) -> BorrowedFd<'_> {
         self.dst
             .as_ref()
-            .expect("no destination in a dry run")
+            .expect("a DST directory: not called for one a dry run would create")
             .as_fd()
     }
 

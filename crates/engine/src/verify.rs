@@ -105,6 +105,18 @@ pub(crate) struct CheckBig {
     failed: Mutex<Option<EntryError>>,
 }
 
+/// Opens `name` for reading on both sides.
+fn open_pair(node: &DirNode, name: &CStr) -> Result<(OwnedFd, OwnedFd), EntryError> {
+    let open = |dir, side| {
+        sluice_sys::open_read_at(dir, name)
+            .map_err(|e| node.error(name, side, "open", Reason::Os(e)))
+    };
+    Ok((
+        open(node.src.as_fd(), Side::Src)?,
+        open(node.dst(), Side::Dst)?,
+    ))
+}
+
 fn kind_name(t: FileType) -> &'static str {
     match t {
         FileType::RegularFile => "file",
@@ -256,15 +268,9 @@ impl Worker {
         let mut fds = None;
         let what = match st.file_type() {
             FileType::RegularFile => {
-                let opened = (
-                    sluice_sys::open_read_at(node.src.as_fd(), name).map_err(|e| (Side::Src, e)),
-                    sluice_sys::open_read_at(node.dst(), name).map_err(|e| (Side::Dst, e)),
-                );
-                let (src_fd, dst_fd) = match opened {
-                    (Ok(s), Ok(d)) => (s, d),
-                    (Err((side, e)), _) | (_, Err((side, e))) => {
-                        return sh.fail(node.error(name, side, "open", Reason::Os(e)));
-                    }
+                let (src_fd, dst_fd) = match open_pair(node, name) {
+                    Ok(fds) => fds,
+                    Err(err) => return sh.fail(err),
                 };
                 let same = self.same_range(src_fd.as_fd(), dst_fd.as_fd(), 0, u64::MAX);
                 match same {
@@ -321,15 +327,9 @@ impl Worker {
             return;
         };
         let sh = self.shared.clone();
-        let opened = (
-            sluice_sys::open_read_at(node.src.as_fd(), name).map_err(|e| (Side::Src, e)),
-            sluice_sys::open_read_at(node.dst(), name).map_err(|e| (Side::Dst, e)),
-        );
-        let (src, dst) = match opened {
-            (Ok(s), Ok(d)) => (s, d),
-            (Err((side, e)), _) | (_, Err((side, e))) => {
-                return sh.fail(node.error(name, side, "open", Reason::Os(e)));
-            }
+        let (src, dst) = match open_pair(node, name) {
+            Ok(fds) => fds,
+            Err(err) => return sh.fail(err),
         };
         if sh.opts.direct && st.size >= DIRECT_MIN && !st.is_sparse() {
             // Both or neither: a failed switch just means cached reads.

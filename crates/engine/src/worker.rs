@@ -200,7 +200,15 @@ impl Worker {
             }
         };
         let (dst, existed) = if sh.opts.dry_run {
-            (None, false)
+            // Only looks: an existing DST directory is opened to compare with.
+            match parent
+                .dst
+                .as_ref()
+                .map(|d| sluice_sys::open_dir_at(d.as_fd(), name))
+            {
+                Some(Ok(fd)) => (Some(fd), true),
+                _ => (None, false),
+            }
         } else if sh.checking() {
             let rel = parent.child_rel(name);
             match sluice_sys::open_dir_at(parent.dst(), name) {
@@ -229,8 +237,8 @@ impl Worker {
             if existed {
                 self.scan_existing(&rel, src.as_fd(), dst.as_fd(), &st);
             }
-            if self.shared.checking() {
-                // compared above; nothing is written
+            if !self.shared.writes() {
+                // a dry run or a verify: nothing is written
             } else if let Err(err) =
                 self.dir_owner_and_xattrs(&parent, name, src.as_fd(), dst.as_fd(), &st, existed)
             {
@@ -248,7 +256,7 @@ impl Worker {
             existed,
             rel: parent.child_rel(name),
             stat: st,
-            owned: !self.shared.checking(),
+            owned: self.shared.writes(),
             parent: Some(parent),
             shared: self.shared.clone(),
         });
