@@ -973,6 +973,13 @@ impl Worker {
             sluice_sys::rename_at(node.dst(), tmp.as_cstr(), node.dst(), &big.dst_name).map_err(
                 |e| node.error(&big.dst_name, Side::Dst, "rename into place", Reason::Os(e)),
             )?;
+            // Durable mode: the rename itself reaches the disk before the
+            // record goes, so a crash cannot lose both.
+            if self.shared.opts.fsync {
+                sluice_sys::sync(node.dst()).map_err(|e| {
+                    node.error(&big.dst_name, Side::Dst, "fsync directory", Reason::Os(e))
+                })?;
+            }
         }
         big.committed.store(true, Relaxed);
         if let Some(j) = journal {
