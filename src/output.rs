@@ -5,6 +5,7 @@ use crate::args::JobArgs;
 use crate::size::human_bytes;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
+use sluice_engine::gauge::Busy;
 use sluice_engine::{
     escape, CopyOptions, EntryError, JobError, Outcome, Reporter, Side, Stats, Summary,
 };
@@ -274,7 +275,40 @@ pub fn summary_json(s: &Summary, outcome: &str, kind: Kind) -> serde_json::Value
         unreachable!("both are objects")
     };
     m.extend(r);
+    let b = &s.busy;
+    let secs3 = |x: f64| (x * 1000.0).round() / 1000.0;
+    m.insert(
+        "stream_seconds".into(),
+        json!({
+            "walk": secs3(b.walk),
+            "read": secs3(b.read),
+            "write": secs3(b.write),
+            "kernel_copy": secs3(b.copy),
+            "journal_wait": secs3(b.journal),
+            "idle": secs3(b.idle),
+        }),
+    );
+    m.insert("bottleneck".into(), json!(b.verdict()));
     v
+}
+
+/// Where the streams' time went, as shares, and the verdict.
+fn busy_line(b: &Busy) -> String {
+    let total = b.total();
+    if total <= 0.0 {
+        return String::new();
+    }
+    let pct = |x: f64| (100.0 * x / total).round();
+    format!(
+        "streams: {}% walk, {}% read, {}% write, {}% kernel copy, {}% journal, {}% idle: {}\n",
+        pct(b.walk),
+        pct(b.read),
+        pct(b.write),
+        pct(b.copy),
+        pct(b.journal),
+        pct(b.idle),
+        b.verdict()
+    )
 }
 
 /// The human summary printed at the end of a run.
@@ -322,6 +356,7 @@ pub fn summary_table(s: &Summary, kind: Kind) -> String {
         human_bytes(rate(s.bytes_copied as f64, s.elapsed)),
         per_s(s.files_copied as f64, s.elapsed)
     );
+    t += &busy_line(&s.busy);
     t
 }
 
@@ -342,6 +377,14 @@ mod tests {
             deleted: 7,
             differences: 0,
             retries: 0,
+            busy: Busy {
+                idle: 1.0,
+                walk: 10.0,
+                read: 20.0,
+                write: 60.0,
+                copy: 5.0,
+                journal: 4.0,
+            },
             errors: 5,
             elapsed: Duration::from_millis(21_540),
         }
@@ -361,6 +404,8 @@ mod tests {
             "deleted                    7\n",
             "failed                     5\n",
             "time 21.54 s, 9.1 MiB/s, 9285 files/s\n",
+            "streams: 10% walk, 20% read, 60% write, 5% kernel copy, 4% journal, 1% idle: ",
+            "bound by target writes: more streams will not help a saturated target\n",
         );
         assert_eq!(
             summary_table(&sample(), Kind::Copy { dry_run: false }),
@@ -371,7 +416,7 @@ mod tests {
     #[test]
     fn summary_json_snapshot() {
         let got = summary_json(&sample(), "partial", Kind::Copy { dry_run: false }).to_string();
-        let want = r#"{"type":"summary","outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"deleted":7,"retries":0,"files_per_s":9285.0,"bytes_per_s":9507892.0}"#;
+        let want = r#"{"type":"summary","outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"deleted":7,"retries":0,"files_per_s":9285.0,"bytes_per_s":9507892.0,"stream_seconds":{"walk":10.0,"read":20.0,"write":60.0,"kernel_copy":5.0,"journal_wait":4.0,"idle":1.0},"bottleneck":"bound by target writes: more streams will not help a saturated target"}"#;
         assert_eq!(got, want);
     }
 

@@ -540,3 +540,40 @@ fn device_nodes_are_skipped_with_a_note_without_root() {
     assert!(!t.path().join("dst/null").exists());
     assert_eq!(fs::read(t.path().join("dst/f")).unwrap(), b"x");
 }
+
+/// The summary accounts for every stream's time (walk, read, write, kernel
+/// copy, journal, idle) and names what bounded the job.
+#[test]
+fn the_summary_says_where_the_streams_spent_their_time() {
+    let t = disk_dir("gauge");
+    let src = t.path().join("src");
+    write(&src.join("big.bin"), &bytes(64 << 20, 1));
+    for i in 0..200 {
+        write(&src.join(format!("small/f{i}")), &bytes(3000, i));
+    }
+    let out = copy(
+        &src,
+        &t.path().join("dst"),
+        &["-j", "3", "--json", "--chunk-size", "4M"],
+    );
+    ok(&out);
+    let s = summary(&out);
+    let spent: f64 = s["stream_seconds"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_f64().unwrap())
+        .sum();
+    let wall = s["elapsed_s"].as_f64().unwrap();
+    assert!(
+        (spent - 3.0 * wall).abs() <= 0.25 * 3.0 * wall + 0.05,
+        "3 streams over {wall} s accounted for {spent} s: {s}"
+    );
+    assert!(
+        s["bottleneck"].as_str().is_some_and(|v| !v.is_empty()),
+        "{s}"
+    );
+    // and the human table ends with the same report
+    let out = copy(&src, &t.path().join("dst2"), &["-j", "3"]);
+    assert!(stdout(&out).contains("streams: "), "{}", stdout(&out));
+}

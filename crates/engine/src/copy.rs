@@ -8,6 +8,7 @@
 //! most `.sluice-*.tmp` files that a later run removes.
 
 use crate::error::{EntryError, Reason, Side};
+use crate::gauge::Activity;
 use crate::job::{LinkState, Reflink, Shared};
 use crate::plan;
 use crate::queue::Lane;
@@ -296,6 +297,7 @@ impl Worker {
     ) -> Result<(), EntryError> {
         let src = sluice_sys::open_read_at(node.src.as_fd(), src_name)
             .map_err(|e| node.error(src_name, Side::Src, "open", Reason::Os(e)))?;
+        self.doing(Activity::Write);
         let pending = self.create_pending(node, dst_name, st.perm() & 0o1777)?;
         let dst = pending.fd.as_fd();
         if st.size > 0 {
@@ -319,6 +321,7 @@ impl Worker {
                 self.read_back(node, dst_name, src.as_fd(), dst, 0, st.size)?;
             }
         }
+        self.doing(Activity::Write);
         self.finish_file(node, src.as_fd(), dst, dst_name, st)?;
         pending
             .commit(&self.shared, node.dst(), dst_name)
@@ -412,6 +415,7 @@ impl Worker {
         dst: BorrowedFd<'_>,
         st: &Stat,
     ) -> Result<u64, (&'static str, Errno)> {
+        self.doing(Activity::Copy);
         if self.try_clone(src, dst)? {
             return Ok(st.size);
         }
@@ -420,7 +424,7 @@ impl Worker {
             return self.copy_extents(src, dst, 0, st.size);
         }
         if self.use_direct(src, dst, st) {
-            let copied = copy_direct(src, dst, 0, st.size, self.scratch.buf())?;
+            let copied = self.copy_direct(src, dst, 0, st.size)?;
             // Direct writes end on a block boundary; cut the overshoot.
             sluice_sys::set_len(dst, st.size).map_err(|e| ("truncate", e))?;
             return Ok(copied);
@@ -559,6 +563,7 @@ impl Worker {
         op: &'static str,
         make: impl FnOnce(BorrowedFd<'_>, &CStr) -> Result<(), Errno>,
     ) -> Result<(), EntryError> {
+        self.doing(Activity::Write);
         let tmp = TempName::new(&self.shared);
         make(node.dst(), tmp.as_cstr())
             .map_err(|e| node.error(dst_name, Side::Dst, op, Reason::Os(e)))?;
@@ -849,6 +854,7 @@ impl Worker {
                 match checked {
                     Ok(()) => {
                         if let (true, Some(j)) = (big.journaled, &self.shared.journal) {
+                            self.doing(Activity::Journal);
                             j.chunk_done(&big.rel, i, &big.dst);
                         }
                     }
@@ -876,10 +882,11 @@ impl Worker {
     fn copy_chunk(&mut self, big: &BigFile, i: u64) -> Result<(), (&'static str, Errno)> {
         let (off, len) = plan::chunk_range(big.st.size, self.shared.opts.chunk_size, i);
         let (src, dst) = (big.src.as_fd(), big.dst.as_fd());
+        self.doing(Activity::Copy);
         let copied = if big.delta {
             self.patch_range(src, dst, off, len, big.direct)?
         } else if big.direct {
-            copy_direct(src, dst, off, len, self.scratch.buf())?
+            self.copy_direct(src, dst, off, len)?
         } else if big.st.is_sparse() {
             self.copy_extents(src, dst, off, len)?
         } else {
@@ -1043,32 +1050,38 @@ fn check_unchanged(
     Ok(())
 }
 
-/// Copies `[off, off + len)` between `O_DIRECT` descriptors through an
-/// aligned buffer. Returns the bytes read.
-fn copy_direct(
-    src: BorrowedFd<'_>,
-    dst: BorrowedFd<'_>,
-    off: u64,
-    len: u64,
-    buf: &mut [u8],
-) -> Result<u64, (&'static str, Errno)> {
-    let mut done = 0u64;
-    while done < len {
-        // O_DIRECT lengths must be aligned too; at the end of the file the
-        // read comes back short.
-        let want = (len - done).next_multiple_of(sluice_sys::DIRECT_ALIGN as u64);
-        let step = want.min(buf.len() as u64) as usize;
-        let n =
-            sluice_sys::read_full_at(src, &mut buf[..step], off + done).map_err(|e| ("read", e))?;
-        let n = n.min((len - done) as usize);
-        if n == 0 {
-            break;
+impl Worker {
+    /// Copies `[off, off + len)` between `O_DIRECT` descriptors through the
+    /// stream's aligned buffer. Returns the bytes read.
+    fn copy_direct(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        off: u64,
+        len: u64,
+    ) -> Result<u64, (&'static str, Errno)> {
+        let (gauge, id) = (&self.shared.gauge, self.id());
+        let buf = self.scratch.buf();
+        let mut done = 0u64;
+        while done < len {
+            // O_DIRECT lengths must be aligned too; at the end of the file
+            // the read comes back short.
+            let want = (len - done).next_multiple_of(sluice_sys::DIRECT_ALIGN as u64);
+            let step = want.min(buf.len() as u64) as usize;
+            gauge.set(id, Activity::Read);
+            let n = sluice_sys::read_full_at(src, &mut buf[..step], off + done)
+                .map_err(|e| ("read", e))?;
+            let n = n.min((len - done) as usize);
+            if n == 0 {
+                break;
+            }
+            // O_DIRECT writes whole blocks; the overshoot past the end of the
+            // file is cut off when the file is finished.
+            let aligned = n.next_multiple_of(sluice_sys::DIRECT_ALIGN).min(buf.len());
+            gauge.set(id, Activity::Write);
+            sluice_sys::write_all_at(dst, &buf[..aligned], off + done).map_err(|e| ("write", e))?;
+            done += n as u64;
         }
-        // O_DIRECT writes whole blocks; the overshoot past the end of the
-        // file is cut off when the file is finished.
-        let aligned = n.next_multiple_of(sluice_sys::DIRECT_ALIGN).min(buf.len());
-        sluice_sys::write_all_at(dst, &buf[..aligned], off + done).map_err(|e| ("write", e))?;
-        done += n as u64;
+        Ok(done)
     }
-    Ok(done)
 }

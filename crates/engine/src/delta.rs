@@ -19,6 +19,7 @@
 //! whole: a fresh temporary must receive every byte anyway, so comparing
 //! first would only add reads.
 
+use crate::gauge::Activity;
 use crate::tree::DirNode;
 use crate::worker::Worker;
 use sluice_sys::{Errno, FileType, Stat};
@@ -81,6 +82,7 @@ impl Worker {
         direct: bool,
     ) -> Result<u64, (&'static str, Errno)> {
         let align = sluice_sys::DIRECT_ALIGN;
+        let (gauge, id) = (&self.shared.gauge, self.id());
         let buf = self.scratch.buf();
         let (a, b) = buf.split_at_mut(buf.len() / 2);
         let (mut done, mut written) = (0u64, 0u64);
@@ -88,6 +90,7 @@ impl Worker {
             let want = (len - done).min(a.len() as u64) as usize;
             let step = want.next_multiple_of(align).min(a.len());
             let at = off + done;
+            gauge.set(id, Activity::Read);
             let n = sluice_sys::read_full_at(src, &mut a[..step], at).map_err(|e| ("read", e))?;
             let n = n.min(want);
             if n == 0 {
@@ -104,6 +107,7 @@ impl Worker {
                 } else {
                     n
                 };
+                gauge.set(id, Activity::Write);
                 sluice_sys::write_all_at(dst, &a[..end], at).map_err(|e| ("write", e))?;
                 written += n as u64;
             }

@@ -2,6 +2,7 @@
 
 use crate::error::{EntryError, JobError, Side};
 use crate::existing::Extras;
+use crate::gauge::{Busy, Gauge};
 use crate::journal::Journal;
 use crate::queue::Queue;
 use crate::tree::DirNode;
@@ -153,6 +154,8 @@ pub struct Stats {
     pub differences: AtomicU64,
     /// Copies started again because the source changed meanwhile.
     pub retries: AtomicU64,
+    /// Where the streams spent their time, known once the job is over.
+    pub busy: Mutex<Busy>,
     pub errors: AtomicU64,
     /// Entries and bytes listed so far (the walk runs ahead of the copy).
     pub entries_found: AtomicU64,
@@ -187,6 +190,7 @@ impl Stats {
             deleted: self.deleted.load(Relaxed),
             differences: self.differences.load(Relaxed),
             retries: self.retries.load(Relaxed),
+            busy: *self.busy.lock().expect("busy lock"),
             errors: self.errors.load(Relaxed),
             elapsed,
         }
@@ -194,7 +198,7 @@ impl Stats {
 }
 
 /// What a finished job did.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Summary {
     pub files_copied: u64,
     pub bytes_copied: u64,
@@ -211,6 +215,8 @@ pub struct Summary {
     pub differences: u64,
     /// Copies started again because their source changed meanwhile.
     pub retries: u64,
+    /// Stream-seconds per activity: what bounded the job.
+    pub busy: Busy,
     pub errors: u64,
     pub elapsed: Duration,
 }
@@ -285,6 +291,8 @@ pub(crate) struct Shared {
     pub journal: Option<Journal>,
     /// Entries of DST that SRC lacks, for `--delete` after the walk.
     pub extras: Mutex<Vec<Extras>>,
+    /// What each stream is doing, sampled for the bottleneck report.
+    pub gauge: Gauge,
 }
 
 impl Shared {
@@ -455,6 +463,7 @@ pub fn copy(
         tmp_seq: AtomicU64::new(0),
         journal,
         extras: Mutex::new(Vec::new()),
+        gauge: Gauge::new(jobs),
         opts,
     });
     let root = Arc::new(DirNode {
@@ -483,18 +492,28 @@ pub fn copy(
         .queue
         .push(crate::queue::Lane::Dir, first)
         .unwrap_or_else(|_| unreachable!("a new queue has room"));
+    let started = std::time::Instant::now();
+    let sampled = AtomicBool::new(false);
     std::thread::scope(|s| {
-        for i in 0..jobs {
-            let shared = shared.clone();
-            std::thread::Builder::new()
-                .name(format!("stream-{i}"))
-                // Deep trees recurse when the queue is full; stacks are
-                // virtual memory, only touched pages cost anything.
-                .stack_size(64 << 20)
-                .spawn_scoped(s, move || Worker::new(shared).run())
-                .expect("spawn stream thread");
+        let streams: Vec<_> = (0..jobs)
+            .map(|i| {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("stream-{i}"))
+                    // Deep trees recurse when the queue is full; stacks are
+                    // virtual memory, only touched pages cost anything.
+                    .stack_size(64 << 20)
+                    .spawn_scoped(s, move || Worker::new(shared, i).run())
+                    .expect("spawn stream thread")
+            })
+            .collect();
+        s.spawn(|| shared.gauge.sample_until(&sampled));
+        for t in streams {
+            let _ = t.join();
         }
+        sampled.store(true, Relaxed);
     });
+    *shared.stats.busy.lock().expect("busy lock") = shared.gauge.busy(started.elapsed());
     // Streams are gone; anything still queued (after a stop) is dropped here,
     // which removes its temporaries.
     drop(shared.queue.close());

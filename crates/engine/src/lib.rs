@@ -22,6 +22,7 @@ mod delete;
 mod delta;
 pub mod error;
 mod existing;
+pub mod gauge;
 mod job;
 mod journal;
 pub mod plan;

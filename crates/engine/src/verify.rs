@@ -141,6 +141,7 @@ impl Worker {
         len: u64,
     ) -> Result<bool, (Side, Errno)> {
         let kind = self.shared.opts.hash;
+        self.doing(crate::gauge::Activity::Read);
         let buf = self.scratch.buf();
         let (a, b) = buf.split_at_mut(buf.len() / 2);
         let (ds, ns) = hash_range(src, off, len, a, kind).map_err(|e| (Side::Src, e))?;

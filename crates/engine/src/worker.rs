@@ -2,6 +2,7 @@
 
 use crate::copy::BigFile;
 use crate::error::{Reason, Side};
+use crate::gauge::Activity;
 use crate::job::Shared;
 use crate::plan::{self, Action};
 use crate::queue::Lane;
@@ -104,12 +105,15 @@ impl Scratch {
 pub(crate) struct Worker {
     pub shared: Arc<Shared>,
     pub scratch: Scratch,
+    /// This stream's index, for the gauge.
+    id: usize,
 }
 
 impl Worker {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub fn new(shared: Arc<Shared>, id: usize) -> Self {
         Worker {
             shared,
+            id,
             scratch: Scratch {
                 buf: None,
                 xattr_names: Vec::new(),
@@ -122,10 +126,25 @@ impl Worker {
 
     /// Runs tasks until the job is complete.
     pub fn run(mut self) {
-        while let Some(task) = self.shared.queue.pop() {
+        loop {
+            self.doing(Activity::Idle);
+            let Some(task) = self.shared.queue.pop() else {
+                break;
+            };
+            self.doing(Activity::Walk);
             self.run_task(task);
             self.shared.queue.done();
         }
+    }
+
+    pub(crate) fn id(&self) -> usize {
+        self.id
+    }
+
+    /// Tells the gauge what this stream is doing now.
+    #[inline]
+    pub(crate) fn doing(&self, a: Activity) {
+        self.shared.gauge.set(self.id, a);
     }
 
     /// Queues a task, or runs it right here when the queue is full.
@@ -227,11 +246,13 @@ impl Worker {
                 }
             }
         } else {
+            self.doing(Activity::Write);
             match self.make_dir(&parent, name) {
                 Ok((fd, existed)) => (Some(fd), existed),
                 Err(err) => return self.shared.fail(err),
             }
         };
+        self.doing(Activity::Walk);
         if let Some(dst) = &dst {
             let rel = parent.child_rel(name);
             if existed {
@@ -310,6 +331,7 @@ impl Worker {
             if shared.stopped() {
                 return false;
             }
+            self.doing(Activity::Walk);
             let name = entry.name;
             let st = match sluice_walk::stat_entry(node.src.as_fd(), name) {
                 Ok(st) => st,
