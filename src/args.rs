@@ -1,6 +1,6 @@
 //! Command-line arguments, parsed once into the engine's options.
 
-use crate::size::parse_size;
+use crate::size::{parse_rate, parse_size};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use sluice_engine::{Check, CopyOptions, Filter, HashKind, Reflink};
 use std::path::PathBuf;
@@ -92,6 +92,10 @@ pub struct JobArgs {
     /// Move every file through the page cache.
     #[arg(long)]
     pub no_direct: bool,
+    /// The most memory the job may use: streams and buffers are sized to
+    /// fit [default: an eighth of RAM].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub mem_limit: Option<u64>,
     /// Print one JSON object per line on stdout; the last is the summary.
     #[arg(long)]
     pub json: bool,
@@ -143,6 +147,10 @@ pub struct CopyArgs {
     /// Share data blocks with the source where the file system can (xfs, btrfs).
     #[arg(long, value_enum, default_value = "auto")]
     pub reflink: ReflinkArg,
+    /// Move at most RATE bytes of file data per second over all streams
+    /// (e.g. 100MB/s, 1G).
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub bwlimit: Option<u64>,
     /// Update changed big files by patching DST's copy in place, writing
     /// only the blocks that differ, on any file system. Readers may see a
     /// half-updated file while it runs; an interrupted run is finished by
@@ -200,6 +208,7 @@ impl JobArgs {
             filter,
             one_file_system: self.one_file_system,
             direct: !self.no_direct,
+            mem_limit: self.mem_limit.unwrap_or(defaults.mem_limit),
             ..defaults
         })
     }
@@ -220,6 +229,7 @@ impl CopyArgs {
             hash: self.hash.kind(),
             inplace: self.inplace,
             retries: self.retries,
+            bwlimit: self.bwlimit,
             ..self.job.options()?
         })
     }

@@ -289,6 +289,7 @@ pub fn summary_json(s: &Summary, outcome: &str, kind: Kind) -> serde_json::Value
         }),
     );
     m.insert("bottleneck".into(), json!(b.verdict()));
+    m.insert("max_rss_bytes".into(), json!(s.peak_rss));
     v
 }
 
@@ -357,6 +358,9 @@ pub fn summary_table(s: &Summary, kind: Kind) -> String {
         per_s(s.files_copied as f64, s.elapsed)
     );
     t += &busy_line(&s.busy);
+    if s.peak_rss > 0 {
+        t += &format!("peak memory {}\n", human_bytes(s.peak_rss as f64));
+    }
     t
 }
 
@@ -385,6 +389,7 @@ mod tests {
                 copy: 5.0,
                 journal: 4.0,
             },
+            peak_rss: 0,
             errors: 5,
             elapsed: Duration::from_millis(21_540),
         }
@@ -416,7 +421,7 @@ mod tests {
     #[test]
     fn summary_json_snapshot() {
         let got = summary_json(&sample(), "partial", Kind::Copy { dry_run: false }).to_string();
-        let want = r#"{"type":"summary","outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"deleted":7,"retries":0,"files_per_s":9285.0,"bytes_per_s":9507892.0,"stream_seconds":{"walk":10.0,"read":20.0,"write":60.0,"kernel_copy":5.0,"journal_wait":4.0,"idle":1.0},"bottleneck":"bound by target writes: more streams will not help a saturated target"}"#;
+        let want = r#"{"type":"summary","outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"deleted":7,"retries":0,"files_per_s":9285.0,"bytes_per_s":9507892.0,"stream_seconds":{"walk":10.0,"read":20.0,"write":60.0,"kernel_copy":5.0,"journal_wait":4.0,"idle":1.0},"bottleneck":"bound by target writes: more streams will not help a saturated target","max_rss_bytes":0}"#;
         assert_eq!(got, want);
     }
 

@@ -4,6 +4,17 @@
 //! letter followed by `B` alone is decimal (`500MB` = 500,000,000). A plain
 //! number is bytes. Fractions are allowed (`1.5G`).
 
+/// Parses a rate in bytes per second: a size, optionally with `/s`
+/// (`100MB/s`, `1G`); zero is refused.
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t.strip_suffix("/s").unwrap_or(t);
+    match parse_size(t)? {
+        0 => Err(format!("invalid rate {s:?}: must be more than 0")),
+        n => Ok(n),
+    }
+}
+
 /// Parses a size in bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -68,6 +79,13 @@ mod tests {
         assert_eq!(parse_size("1.5K").unwrap(), 1536);
         assert!(parse_size("12Q").is_err());
         assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn rates() {
+        assert_eq!(parse_rate("100MB/s").unwrap(), 100_000_000);
+        assert_eq!(parse_rate("1G").unwrap(), 1 << 30);
+        assert!(parse_rate("0/s").is_err());
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod common;
 mod copy;
 mod faults;
 mod fs;
+mod limits;
 mod resume;
 mod sync;
 mod verify;

@@ -500,8 +500,33 @@ impl Worker {
         Ok(len)
     }
 
-    /// Copies `[off, off + len)` with the best method this job has left.
+    /// Copies `[off, off + len)` with the best method this job has left,
+    /// in `--bwlimit`-sized pieces when the job is throttled.
     fn copy_range(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        off: u64,
+        len: u64,
+    ) -> Result<u64, (&'static str, Errno)> {
+        let shared = self.shared.clone();
+        let Some(throttle) = &shared.throttle else {
+            return self.copy_piece(src, dst, off, len);
+        };
+        let mut done = 0;
+        while done < len {
+            let want = throttle.piece().min(len - done);
+            throttle.take(want);
+            let n = self.copy_piece(src, dst, off + done, want)?;
+            done += n;
+            if n < want {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    fn copy_piece(
         &mut self,
         src: BorrowedFd<'_>,
         dst: BorrowedFd<'_>,
@@ -716,7 +741,7 @@ impl Worker {
         match self.open_big(node, src_name, dst_name, st, chunks, attempt) {
             Ok(big) if big.chunks() == 0 => self.finish_big(&big),
             Ok(big) => {
-                let streams = big.chunks().min(self.shared.opts.jobs as u64);
+                let streams = big.chunks().min(self.shared.budget.jobs as u64);
                 for _ in 0..streams {
                     self.spawn(Task::Chunk(big.clone()));
                 }
@@ -1060,14 +1085,18 @@ impl Worker {
         off: u64,
         len: u64,
     ) -> Result<u64, (&'static str, Errno)> {
-        let (gauge, id) = (&self.shared.gauge, self.id());
+        let (gauge, id, throttle) = (&self.shared.gauge, self.id(), &self.shared.throttle);
         let buf = self.scratch.buf();
+        let most = throttle.as_ref().map_or(buf.len() as u64, |t| t.piece());
         let mut done = 0u64;
         while done < len {
             // O_DIRECT lengths must be aligned too; at the end of the file
             // the read comes back short.
             let want = (len - done).next_multiple_of(sluice_sys::DIRECT_ALIGN as u64);
-            let step = want.min(buf.len() as u64) as usize;
+            let step = want.min(buf.len() as u64).min(most) as usize;
+            if let Some(t) = throttle {
+                t.take(step as u64);
+            }
             gauge.set(id, Activity::Read);
             let n = sluice_sys::read_full_at(src, &mut buf[..step], off + done)
                 .map_err(|e| ("read", e))?;

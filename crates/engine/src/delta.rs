@@ -82,7 +82,7 @@ impl Worker {
         direct: bool,
     ) -> Result<u64, (&'static str, Errno)> {
         let align = sluice_sys::DIRECT_ALIGN;
-        let (gauge, id) = (&self.shared.gauge, self.id());
+        let (gauge, id, throttle) = (&self.shared.gauge, self.id(), &self.shared.throttle);
         let buf = self.scratch.buf();
         let (a, b) = buf.split_at_mut(buf.len() / 2);
         let (mut done, mut written) = (0u64, 0u64);
@@ -107,6 +107,9 @@ impl Worker {
                 } else {
                     n
                 };
+                if let Some(t) = throttle {
+                    t.take(n as u64);
+                }
                 gauge.set(id, Activity::Write);
                 sluice_sys::write_all_at(dst, &a[..end], at).map_err(|e| ("write", e))?;
                 written += n as u64;

@@ -1,10 +1,12 @@
 //! A copy job: its options, its shared state, its counters, and `copy()`.
 
+use crate::budget::Budget;
 use crate::error::{EntryError, JobError, Side};
 use crate::existing::Extras;
 use crate::gauge::{Busy, Gauge};
 use crate::journal::Journal;
 use crate::queue::Queue;
+use crate::throttle::Throttle;
 use crate::tree::DirNode;
 use crate::worker::{Task, Worker};
 use sluice_sys::{Errno, Stat};
@@ -71,6 +73,11 @@ pub struct CopyOptions {
     /// How many times a file whose source changed while it was copied is
     /// copied again before it is reported as failed.
     pub retries: u32,
+    /// The most memory the job may use, in bytes (buffers and streams are
+    /// sized to fit; see `budget`).
+    pub mem_limit: u64,
+    /// The most bytes of file data per second, over all streams.
+    pub bwlimit: Option<u64>,
 }
 
 /// What `sluice verify` compares besides content.
@@ -121,6 +128,8 @@ impl Default for CopyOptions {
             hash: HashKind::Xxh3,
             inplace: false,
             retries: 2,
+            mem_limit: crate::budget::default_limit(),
+            bwlimit: None,
         }
     }
 }
@@ -191,6 +200,7 @@ impl Stats {
             differences: self.differences.load(Relaxed),
             retries: self.retries.load(Relaxed),
             busy: *self.busy.lock().expect("busy lock"),
+            peak_rss: sluice_sys::peak_rss(),
             errors: self.errors.load(Relaxed),
             elapsed,
         }
@@ -217,6 +227,8 @@ pub struct Summary {
     pub retries: u64,
     /// Stream-seconds per activity: what bounded the job.
     pub busy: Busy,
+    /// The most memory the process had resident, in bytes.
+    pub peak_rss: u64,
     pub errors: u64,
     pub elapsed: Duration,
 }
@@ -293,6 +305,10 @@ pub(crate) struct Shared {
     pub extras: Mutex<Vec<Extras>>,
     /// What each stream is doing, sampled for the bottleneck report.
     pub gauge: Gauge,
+    /// Streams and buffer size that fit `--mem-limit`.
+    pub budget: Budget,
+    /// `--bwlimit`, shared by all streams.
+    pub throttle: Option<Throttle>,
 }
 
 impl Shared {
@@ -406,6 +422,8 @@ pub fn copy(
         path: src.to_owned(),
         source,
     })?;
+    // Checked first: a job that cannot run must not create DST.
+    let budget = crate::budget::plan(opts.mem_limit, opts.jobs).map_err(JobError::Usage)?;
     let access = if opts.check.is_some() {
         Access::Read
     } else if opts.dry_run {
@@ -421,7 +439,7 @@ pub fn copy(
     // After the roots exist (created with the user's umask, like mkdir -p):
     // from here on every mode is given explicitly and must not be masked.
     sluice_sys::clear_umask();
-    let jobs = opts.jobs.max(1);
+    let jobs = budget.jobs;
     let src_stat =
         sluice_sys::stat_fd(sluice_sys::fd(&roots.src_fd)).map_err(|e| JobError::Source {
             path: src.to_owned(),
@@ -464,6 +482,8 @@ pub fn copy(
         journal,
         extras: Mutex::new(Vec::new()),
         gauge: Gauge::new(jobs),
+        budget,
+        throttle: opts.bwlimit.map(Throttle::new),
         opts,
     });
     let root = Arc::new(DirNode {

@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod budget;
 pub mod compare;
 mod copy;
 mod delete;
@@ -27,6 +28,7 @@ mod job;
 mod journal;
 pub mod plan;
 mod queue;
+mod throttle;
 mod tree;
 mod verify;
 mod worker;

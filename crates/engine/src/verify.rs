@@ -353,7 +353,7 @@ impl Worker {
             differs: AtomicBool::new(false),
             failed: Mutex::new(None),
         });
-        for _ in 0..chunks.min(sh.opts.jobs as u64) {
+        for _ in 0..chunks.min(sh.budget.jobs as u64) {
             self.spawn(Task::Check(big.clone()));
         }
     }

@@ -88,15 +88,16 @@ pub(crate) struct Scratch {
     pub xattr_value: Vec<u8>,
     pub link: Vec<u8>,
     pub stream: Option<DirStream>,
+    buf_size: usize,
 }
 
-/// Size of a stream's data buffer: large enough for efficient direct I/O.
-pub(crate) const IO_BUF: usize = 4 << 20;
-
 impl Scratch {
+    /// The stream's data buffer (its size set by the job's memory budget),
+    /// allocated on first use.
     pub fn buf(&mut self) -> &mut [u8] {
+        let size = self.buf_size;
         self.buf
-            .get_or_insert_with(|| AlignedBuf::new(IO_BUF))
+            .get_or_insert_with(|| AlignedBuf::new(size))
             .as_mut_slice()
     }
 }
@@ -111,6 +112,7 @@ pub(crate) struct Worker {
 
 impl Worker {
     pub fn new(shared: Arc<Shared>, id: usize) -> Self {
+        let buf_size = shared.budget.buf;
         Worker {
             shared,
             id,
@@ -120,6 +122,7 @@ impl Worker {
                 xattr_value: Vec::new(),
                 link: Vec::new(),
                 stream: None,
+                buf_size,
             },
         }
     }

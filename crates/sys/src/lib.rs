@@ -505,6 +505,28 @@ pub fn clear_umask() {
     rustix::process::umask(Mode::empty());
 }
 
+/// The most memory this process has had resident (`VmHWM`), in bytes.
+pub fn peak_rss() -> u64 {
+    proc_kib("/proc/self/status", "VmHWM:")
+}
+
+/// The machine's memory (`MemTotal`), in bytes.
+pub fn total_memory() -> u64 {
+    proc_kib("/proc/meminfo", "MemTotal:")
+}
+
+/// A `NAME:  N kB` line of a /proc file, in bytes (0 when absent).
+fn proc_kib(path: &str, key: &str) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
 /// True when running with root's effective uid (owners and devices can be
 /// preserved).
 pub fn is_root() -> bool {

@@ -1,0 +1,107 @@
+//! The memory budget: `--mem-limit` decides how many streams run and how
+//! big each one's data buffer is, before anything starts.
+//!
+//! A job's memory is a fixed base (the binary, the queues, the progress
+//! thread) plus, per stream, its data buffer and a small fixed part (the
+//! 64 KiB listing buffer, the batch being copied, the touched stack). The
+//! queues are bounded and hold no file data, so nothing else grows with
+//! the tree, except two things a tree can make large on purpose: the map of
+//! hard-linked inodes still waiting for their other names, and the list of
+//! entries `--delete` will remove.
+
+/// What the budget allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    pub jobs: usize,
+    /// Each stream's data buffer, a multiple of 64 KiB.
+    pub buf: usize,
+}
+
+/// Memory that does not depend on the number of streams.
+pub const BASE: u64 = 8 << 20;
+/// A stream's memory besides its data buffer.
+pub const PER_STREAM: u64 = 256 << 10;
+/// The data buffer a stream gets when memory allows: big enough for
+/// efficient direct I/O.
+pub const MAX_BUF: u64 = 4 << 20;
+/// The smallest data buffer worth running with.
+pub const MIN_BUF: u64 = 256 << 10;
+
+/// The smallest `--mem-limit` a job can run in (one stream, smallest buffer).
+pub const MIN_LIMIT: u64 = BASE + PER_STREAM + MIN_BUF;
+
+/// Fits `jobs` streams into `limit` bytes: full buffers if they fit, else
+/// smaller ones, else fewer streams.
+pub fn plan(limit: u64, jobs: usize) -> Result<Budget, String> {
+    if limit < MIN_LIMIT {
+        return Err(format!(
+            "--mem-limit {limit} is too small: a job needs at least {} KiB",
+            MIN_LIMIT >> 10
+        ));
+    }
+    let jobs = jobs.max(1) as u64;
+    let room = limit - BASE;
+    let per = room / jobs;
+    let (jobs, buf) = if per >= PER_STREAM + MIN_BUF {
+        (jobs, (per - PER_STREAM).min(MAX_BUF))
+    } else {
+        (room / (PER_STREAM + MIN_BUF), MIN_BUF)
+    };
+    let buf = buf / (64 << 10) * (64 << 10);
+    Ok(Budget {
+        jobs: jobs as usize,
+        buf: buf as usize,
+    })
+}
+
+/// The default limit: an eighth of the machine's memory, so several jobs
+/// and the page cache keep room; never below what 8 full streams need.
+pub fn default_limit() -> u64 {
+    let eighth = sluice_sys::total_memory() / 8;
+    eighth.max(BASE + 8 * (PER_STREAM + MAX_BUF))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn a_plan_always_fits(limit in MIN_LIMIT..(64u64 << 30), jobs in 1usize..512) {
+            let b = plan(limit, jobs).unwrap();
+            prop_assert!(b.jobs >= 1 && b.jobs <= jobs);
+            prop_assert!(b.buf as u64 >= MIN_BUF && b.buf as u64 <= MAX_BUF);
+            prop_assert_eq!(b.buf % (64 << 10), 0);
+            prop_assert!(BASE + b.jobs as u64 * (PER_STREAM + b.buf as u64) <= limit);
+        }
+    }
+
+    #[test]
+    fn examples() {
+        assert_eq!(
+            plan(3 << 30, 8).unwrap(),
+            Budget {
+                jobs: 8,
+                buf: 4 << 20
+            }
+        );
+        // 16 MiB for 8 streams: 1 MiB of room each, 768 KiB buffers
+        assert_eq!(
+            plan(16 << 20, 8).unwrap(),
+            Budget {
+                jobs: 8,
+                buf: 768 << 10
+            }
+        );
+        // 10 MiB for 8 streams: only 4 fit with the smallest buffer
+        assert_eq!(
+            plan(10 << 20, 8).unwrap(),
+            Budget {
+                jobs: 4,
+                buf: 256 << 10
+            }
+        );
+        assert!(plan(1 << 20, 1).is_err());
+    }
+}

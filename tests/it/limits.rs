@@ -1,0 +1,58 @@
+//! `--bwlimit` and `--mem-limit`.
+
+use crate::common::*;
+
+#[test]
+fn bwlimit_holds_the_rate_within_ten_percent() {
+    let t = disk_dir("bwlimit");
+    let src = t.path().join("src");
+    write(&src.join("big.bin"), &bytes(40 << 20, 1));
+    for i in 0..200 {
+        write(&src.join(format!("small/f{i}")), &bytes(100 << 10, i));
+    }
+    let total = (40u64 << 20) + 200 * (100 << 10);
+    let rate = 30_000_000f64;
+    let out = copy(
+        &src,
+        &t.path().join("dst"),
+        &["--bwlimit", "30MB/s", "--chunk-size", "4M", "--json"],
+    );
+    ok(&out);
+    let s = summary(&out);
+    assert_eq!(s["bytes_copied"], total);
+    let got = total as f64 / s["elapsed_s"].as_f64().unwrap();
+    assert!(
+        (0.9 * rate..=1.1 * rate).contains(&got),
+        "{got:.0} B/s against a limit of {rate:.0}"
+    );
+    assert_same_tree(&src, &t.path().join("dst"));
+}
+
+#[test]
+fn mem_limit_caps_what_the_process_holds() {
+    let t = disk_dir("memlimit");
+    let src = t.path().join("src");
+    write(&src.join("big.bin"), &bytes(64 << 20, 2));
+    for i in 0..2000 {
+        write(&src.join(format!("d{}/f{i}", i % 20)), &bytes(2000, i));
+    }
+    let rss = |args: &[&str], dst: &str| {
+        let mut a = vec!["-j", "8", "--chunk-size", "4M", "--json"];
+        a.extend(args);
+        let out = copy(&src, &t.path().join(dst), &a);
+        ok(&out);
+        assert_same_tree(&src, &t.path().join(dst));
+        summary(&out)["max_rss_bytes"].as_u64().unwrap()
+    };
+    let capped = rss(&["--mem-limit", "16M"], "capped");
+    let free = rss(&[], "free");
+    assert!(
+        capped <= 16 << 20,
+        "{capped} bytes resident under --mem-limit 16M"
+    );
+    assert!(capped < free, "the cap changed nothing: {capped} vs {free}");
+    // Too small to run at all is a usage error, before anything is written.
+    let out = copy(&src, &t.path().join("tiny"), &["--mem-limit", "1M"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(!t.path().join("tiny").exists());
+}
