@@ -62,6 +62,22 @@ pub enum ReflinkArg {
     Never,
 }
 
+/// `-j N` or `-j auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Jobs {
+    Fixed(usize),
+    Auto,
+}
+
+fn parse_jobs(s: &str) -> Result<Jobs, String> {
+    if s == "auto" {
+        return Ok(Jobs::Auto);
+    }
+    s.parse()
+        .map(Jobs::Fixed)
+        .map_err(|_| format!("invalid stream count {s:?}: a number, or auto"))
+}
+
 /// What every job command takes: the two sides, the pool, the filters,
 /// and how it reports.
 #[derive(Args)]
@@ -70,9 +86,10 @@ pub struct JobArgs {
     pub src: PathBuf,
     /// Destination: receives SRC's contents (created if missing).
     pub dst: PathBuf,
-    /// Parallel streams [default: 8].
-    #[arg(short = 'j', long = "jobs", value_name = "N")]
-    pub jobs: Option<usize>,
+    /// Parallel streams, or `auto`: tuned while the job runs, starting at 8
+    /// [default: auto].
+    #[arg(short = 'j', long = "jobs", value_name = "N|auto", value_parser = parse_jobs)]
+    pub jobs: Option<Jobs>,
     /// Files above twice this size are split into chunks handled in parallel.
     #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_size)]
     pub chunk_size: u64,
@@ -197,13 +214,17 @@ impl JobArgs {
                 self.chunk_size
             ));
         }
-        if self.jobs == Some(0) {
+        if self.jobs == Some(Jobs::Fixed(0)) {
             return Err("--jobs must be at least 1".into());
         }
         let filter = Filter::new(&self.exclude, &self.include).map_err(|e| e.to_string())?;
         let defaults = CopyOptions::default();
         Ok(CopyOptions {
-            jobs: self.jobs.unwrap_or(defaults.jobs),
+            jobs: match self.jobs {
+                Some(Jobs::Fixed(n)) => n,
+                _ => defaults.jobs,
+            },
+            auto_jobs: matches!(self.jobs, None | Some(Jobs::Auto)),
             chunk_size: self.chunk_size,
             filter,
             one_file_system: self.one_file_system,

@@ -286,8 +286,10 @@ pub fn summary_json(s: &Summary, outcome: &str, kind: Kind) -> serde_json::Value
             "kernel_copy": secs3(b.copy),
             "journal_wait": secs3(b.journal),
             "idle": secs3(b.idle),
+            "parked": secs3(b.parked),
         }),
     );
+    m.insert("streams".into(), json!(s.streams));
     m.insert("bottleneck".into(), json!(b.verdict()));
     m.insert("max_rss_bytes".into(), json!(s.peak_rss));
     v
@@ -388,8 +390,10 @@ mod tests {
                 write: 60.0,
                 copy: 5.0,
                 journal: 4.0,
+                parked: 0.0,
             },
             peak_rss: 0,
+            streams: 8,
             errors: 5,
             elapsed: Duration::from_millis(21_540),
         }
@@ -421,7 +425,7 @@ mod tests {
     #[test]
     fn summary_json_snapshot() {
         let got = summary_json(&sample(), "partial", Kind::Copy { dry_run: false }).to_string();
-        let want = r#"{"type":"summary","outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"deleted":7,"retries":0,"files_per_s":9285.0,"bytes_per_s":9507892.0,"stream_seconds":{"walk":10.0,"read":20.0,"write":60.0,"kernel_copy":5.0,"journal_wait":4.0,"idle":1.0},"bottleneck":"bound by target writes: more streams will not help a saturated target","max_rss_bytes":0}"#;
+        let want = r#"{"type":"summary","outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"deleted":7,"retries":0,"files_per_s":9285.0,"bytes_per_s":9507892.0,"stream_seconds":{"walk":10.0,"read":20.0,"write":60.0,"kernel_copy":5.0,"journal_wait":4.0,"idle":1.0,"parked":0.0},"streams":8,"bottleneck":"bound by target writes: more streams will not help a saturated target","max_rss_bytes":0}"#;
         assert_eq!(got, want);
     }
 

@@ -46,6 +46,7 @@ fn mem_limit_caps_what_the_process_holds() {
     };
     let capped = rss(&["--mem-limit", "16M"], "capped");
     let free = rss(&[], "free");
+    eprintln!("resident: {capped} bytes capped, {free} bytes free");
     assert!(
         capped <= 16 << 20,
         "{capped} bytes resident under --mem-limit 16M"
@@ -55,4 +56,28 @@ fn mem_limit_caps_what_the_process_holds() {
     let out = copy(&src, &t.path().join("tiny"), &["--mem-limit", "1M"]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(!t.path().join("tiny").exists());
+}
+
+/// `-j auto` (the default) tunes the streams while the job runs and ends
+/// with a copy identical to a fixed `-j` one; bad stream counts are usage
+/// errors.
+#[test]
+fn auto_jobs_copies_the_same_and_reports_its_streams() {
+    let t = tmpfs_dir("auto").unwrap_or_else(|| disk_dir("auto"));
+    let src = t.path().join("src");
+    for i in 0..3000 {
+        write(&src.join(format!("d{}/f{i}", i % 30)), &bytes(1500, i));
+    }
+    write(&src.join("big.bin"), &bytes(32 << 20, 9));
+    let out = copy(&src, &t.path().join("dst"), &["-j", "auto", "--chunk-size", "2M", "--json"]);
+    ok(&out);
+    let s = summary(&out);
+    let streams = s["streams"].as_u64().unwrap();
+    assert!((1..=64).contains(&streams), "{s}");
+    assert!(s["stream_seconds"]["parked"].is_number(), "{s}");
+    assert_same_tree(&src, &t.path().join("dst"));
+    for bad in ["0", "banana"] {
+        let out = copy(&src, &t.path().join("bad"), &["-j", bad]);
+        assert_eq!(code(&out), 2, "-j {bad}: {}", stderr(&out));
+    }
 }

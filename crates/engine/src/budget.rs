@@ -17,8 +17,24 @@ pub struct Budget {
     pub buf: usize,
 }
 
-/// Memory that does not depend on the number of streams.
+/// Memory that does not depend on the number of streams, at least: the
+/// queues, the progress and journal threads, and room for what the process
+/// already holds when the job starts (see [`base`]).
 pub const BASE: u64 = 8 << 20;
+
+/// The fixed part of this process's budget: what it holds now plus 6 MiB
+/// for the job's own fixed parts, or [`BASE`] if that is more.
+pub fn base() -> u64 {
+    let now = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib << 10);
+    BASE.max(now + (6 << 20))
+}
 /// A stream's memory besides its data buffer.
 pub const PER_STREAM: u64 = 256 << 10;
 /// The data buffer a stream gets when memory allows: big enough for
@@ -30,17 +46,18 @@ pub const MIN_BUF: u64 = 256 << 10;
 /// The smallest `--mem-limit` a job can run in (one stream, smallest buffer).
 pub const MIN_LIMIT: u64 = BASE + PER_STREAM + MIN_BUF;
 
-/// Fits `jobs` streams into `limit` bytes: full buffers if they fit, else
-/// smaller ones, else fewer streams.
-pub fn plan(limit: u64, jobs: usize) -> Result<Budget, String> {
-    if limit < MIN_LIMIT {
+/// Fits `jobs` streams into `limit` bytes beside a fixed `base`: full
+/// buffers if they fit, else smaller ones, else fewer streams.
+pub fn plan(limit: u64, jobs: usize, base: u64) -> Result<Budget, String> {
+    let least = base + PER_STREAM + MIN_BUF;
+    if limit < least {
         return Err(format!(
-            "--mem-limit {limit} is too small: a job needs at least {} KiB",
-            MIN_LIMIT >> 10
+            "--mem-limit {limit} is too small: this job needs at least {} KiB",
+            least >> 10
         ));
     }
     let jobs = jobs.max(1) as u64;
-    let room = limit - BASE;
+    let room = limit - base;
     let per = room / jobs;
     let (jobs, buf) = if per >= PER_STREAM + MIN_BUF {
         (jobs, (per - PER_STREAM).min(MAX_BUF))
@@ -69,7 +86,7 @@ mod tests {
     proptest! {
         #[test]
         fn a_plan_always_fits(limit in MIN_LIMIT..(64u64 << 30), jobs in 1usize..512) {
-            let b = plan(limit, jobs).unwrap();
+            let b = plan(limit, jobs, BASE).unwrap();
             prop_assert!(b.jobs >= 1 && b.jobs <= jobs);
             prop_assert!(b.buf as u64 >= MIN_BUF && b.buf as u64 <= MAX_BUF);
             prop_assert_eq!(b.buf % (64 << 10), 0);
@@ -80,7 +97,7 @@ mod tests {
     #[test]
     fn examples() {
         assert_eq!(
-            plan(3 << 30, 8).unwrap(),
+            plan(3 << 30, 8, BASE).unwrap(),
             Budget {
                 jobs: 8,
                 buf: 4 << 20
@@ -88,7 +105,7 @@ mod tests {
         );
         // 16 MiB for 8 streams: 1 MiB of room each, 768 KiB buffers
         assert_eq!(
-            plan(16 << 20, 8).unwrap(),
+            plan(16 << 20, 8, BASE).unwrap(),
             Budget {
                 jobs: 8,
                 buf: 768 << 10
@@ -96,12 +113,12 @@ mod tests {
         );
         // 10 MiB for 8 streams: only 4 fit with the smallest buffer
         assert_eq!(
-            plan(10 << 20, 8).unwrap(),
+            plan(10 << 20, 8, BASE).unwrap(),
             Budget {
                 jobs: 4,
                 buf: 256 << 10
             }
         );
-        assert!(plan(1 << 20, 1).is_err());
+        assert!(plan(1 << 20, 1, BASE).is_err());
     }
 }

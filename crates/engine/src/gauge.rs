@@ -29,9 +29,11 @@ pub enum Activity {
     Copy = 4,
     /// Waiting for the journal to record a chunk durably.
     Journal = 5,
+    /// Not in use: `-j auto` runs fewer streams than it could.
+    Parked = 6,
 }
 
-const KINDS: usize = 6;
+const KINDS: usize = 7;
 
 /// Seconds of stream time per activity, summed over the streams.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -42,6 +44,8 @@ pub struct Busy {
     pub write: f64,
     pub copy: f64,
     pub journal: f64,
+    /// Streams `-j auto` kept out of use (not part of the total).
+    pub parked: f64,
 }
 
 impl Busy {
@@ -111,7 +115,8 @@ impl Gauge {
     }
 
     /// Stream-seconds per activity, scaled so they add up to `streams ×
-    /// elapsed` (sleeps overshoot, so samples are shares, not durations).
+    /// elapsed`, parked streams included (sleeps overshoot, so samples are
+    /// shares, not durations).
     pub fn busy(&self, elapsed: Duration) -> Busy {
         let n: Vec<f64> = self
             .samples
@@ -130,6 +135,7 @@ impl Gauge {
             write: n[3] * scale,
             copy: n[4] * scale,
             journal: n[5] * scale,
+            parked: n[6] * scale,
         }
     }
 }
@@ -173,7 +179,7 @@ mod tests {
             done.store(true, Relaxed);
         });
         let b = g.busy(Duration::from_secs(1));
-        assert!((b.total() - 2.0).abs() < 1e-9);
+        assert!((b.total() + b.parked - 2.0).abs() < 1e-9);
         assert!((b.write - 1.0).abs() < 1e-9 && (b.idle - 1.0).abs() < 1e-9);
     }
 }

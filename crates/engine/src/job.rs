@@ -8,6 +8,7 @@ use crate::journal::Journal;
 use crate::queue::Queue;
 use crate::throttle::Throttle;
 use crate::tree::DirNode;
+use crate::tune::Gate;
 use crate::worker::{Task, Worker};
 use sluice_sys::{Errno, Stat};
 use sluice_walk::Filter;
@@ -35,8 +36,10 @@ pub enum Reflink {
 /// Everything a copy job is told; `Default` is what `sluice copy` does
 /// without options.
 pub struct CopyOptions {
-    /// Number of streams in the pool.
+    /// Number of streams in the pool (with `auto_jobs`, where tuning starts).
     pub jobs: usize,
+    /// `-j auto`: tune the number of active streams while the job runs.
+    pub auto_jobs: bool,
     /// Files larger than twice this are copied as chunks of this size.
     pub chunk_size: u64,
     pub filter: Filter,
@@ -102,15 +105,19 @@ pub enum HashKind {
 /// redoes little, large enough that per-chunk overhead is negligible.
 pub const DEFAULT_CHUNK: u64 = 64 << 20;
 
-/// Default number of streams until autotuning exists: enough concurrent
-/// creates to hide a disk's metadata latency on a small machine.
+/// Default number of streams (and where `-j auto` starts): enough
+/// concurrent creates to hide a disk's metadata latency on a small machine.
 pub const DEFAULT_JOBS: usize = 8;
+
+/// How often `-j auto` measures and adjusts.
+const TUNE_EVERY: Duration = Duration::from_millis(500);
 
 impl Default for CopyOptions {
     fn default() -> Self {
         let root = sluice_sys::is_root();
         CopyOptions {
             jobs: DEFAULT_JOBS,
+            auto_jobs: true,
             chunk_size: DEFAULT_CHUNK,
             filter: Filter::default(),
             one_file_system: false,
@@ -165,6 +172,8 @@ pub struct Stats {
     pub retries: AtomicU64,
     /// Where the streams spent their time, known once the job is over.
     pub busy: Mutex<Busy>,
+    /// Streams in use at the end (what `-j auto` settled on).
+    pub streams: AtomicU64,
     pub errors: AtomicU64,
     /// Entries and bytes listed so far (the walk runs ahead of the copy).
     pub entries_found: AtomicU64,
@@ -201,6 +210,7 @@ impl Stats {
             retries: self.retries.load(Relaxed),
             busy: *self.busy.lock().expect("busy lock"),
             peak_rss: sluice_sys::peak_rss(),
+            streams: self.streams.load(Relaxed),
             errors: self.errors.load(Relaxed),
             elapsed,
         }
@@ -229,6 +239,8 @@ pub struct Summary {
     pub busy: Busy,
     /// The most memory the process had resident, in bytes.
     pub peak_rss: u64,
+    /// Streams in use at the end.
+    pub streams: u64,
     pub errors: u64,
     pub elapsed: Duration,
 }
@@ -309,6 +321,8 @@ pub(crate) struct Shared {
     pub budget: Budget,
     /// `--bwlimit`, shared by all streams.
     pub throttle: Option<Throttle>,
+    /// How many of the streams may take work (all of them unless `-j auto`).
+    pub gate: Gate,
 }
 
 impl Shared {
@@ -423,7 +437,15 @@ pub fn copy(
         source,
     })?;
     // Checked first: a job that cannot run must not create DST.
-    let budget = crate::budget::plan(opts.mem_limit, opts.jobs).map_err(JobError::Usage)?;
+    // Under --bwlimit throughput is flat by design: nothing to tune by.
+    let auto = opts.auto_jobs && opts.bwlimit.is_none();
+    let most = if auto {
+        crate::tune::AUTO_MAX
+    } else {
+        opts.jobs
+    };
+    let budget = crate::budget::plan(opts.mem_limit, most, crate::budget::base())
+        .map_err(JobError::Usage)?;
     let access = if opts.check.is_some() {
         Access::Read
     } else if opts.dry_run {
@@ -484,6 +506,7 @@ pub fn copy(
         gauge: Gauge::new(jobs),
         budget,
         throttle: opts.bwlimit.map(Throttle::new),
+        gate: Gate::new(if auto { opts.jobs.min(jobs) } else { jobs }, jobs),
         opts,
     });
     let root = Arc::new(DirNode {
@@ -528,11 +551,20 @@ pub fn copy(
             })
             .collect();
         s.spawn(|| shared.gauge.sample_until(&sampled));
+        if auto {
+            s.spawn(|| {
+                crate::tune::run(&shared.gate, &shared.stats, &sampled, TUNE_EVERY);
+            });
+        }
         for t in streams {
             let _ = t.join();
         }
         sampled.store(true, Relaxed);
     });
+    shared
+        .stats
+        .streams
+        .store(shared.gate.target() as u64, Relaxed);
     *shared.stats.busy.lock().expect("busy lock") = shared.gauge.busy(started.elapsed());
     // Streams are gone; anything still queued (after a stop) is dropped here,
     // which removes its temporaries.

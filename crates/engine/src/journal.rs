@@ -321,7 +321,7 @@ impl Journal {
                     .mode(0o600)
                     .open(&self.path)
                     .map_err(|e| e.to_string())?;
-                redb::Database::create(&self.path).map_err(|e| e.to_string())?
+                builder().create(&self.path).map_err(|e| e.to_string())?
             }
         };
         let (tx, rx) = channel();
@@ -356,7 +356,7 @@ impl Journal {
         // Whatever the collector committed is in the file; count what is left.
         let db = match self.db.lock().expect("journal lock").take() {
             Some(db) => Some(db),
-            None if self.path.exists() => redb::Database::open(&self.path).ok(),
+            None if self.path.exists() => builder().open(&self.path).ok(),
             None => None,
         };
         let Some(db) = db else {
@@ -378,13 +378,21 @@ impl Journal {
 
 type Resumable = HashMap<Vec<u8>, Record>;
 
+/// redb with a small cache: the journal holds a few records, and its
+/// memory counts against `--mem-limit`.
+fn builder() -> redb::Builder {
+    let mut b = redb::Builder::new();
+    b.set_cache_size(1 << 20);
+    b
+}
+
 /// Reads every record of an existing journal file.
 fn read(path: &std::path::Path) -> Result<(Resumable, Option<redb::Database>), String> {
     let mut resumable = HashMap::new();
     if !path.exists() {
         return Ok((resumable, None));
     }
-    let db = redb::Database::open(path).map_err(|e| e.to_string())?;
+    let db = builder().open(path).map_err(|e| e.to_string())?;
     let read = db.begin_read().map_err(|e| e.to_string())?;
     match read.open_table(FILES) {
         Ok(table) => {

@@ -30,6 +30,7 @@ pub mod plan;
 mod queue;
 mod throttle;
 mod tree;
+pub mod tune;
 mod verify;
 mod worker;
 

@@ -130,8 +130,16 @@ impl Worker {
     /// Runs tasks until the job is complete.
     pub fn run(mut self) {
         loop {
+            if self.id >= self.shared.gate.target() {
+                self.doing(Activity::Parked);
+            }
+            if !self.shared.gate.wait_turn(self.id) {
+                break;
+            }
             self.doing(Activity::Idle);
             let Some(task) = self.shared.queue.pop() else {
+                // The job is complete: streams the tuner parked leave too.
+                self.shared.gate.close();
                 break;
             };
             self.doing(Activity::Walk);

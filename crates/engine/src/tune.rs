@@ -1,0 +1,223 @@
+//! `-j auto`: the number of active streams, tuned while the job runs.
+//!
+//! The pool starts as many streams as the memory budget allows, but only
+//! the first `target` take work; the others wait at the [`Gate`] (they hold
+//! no buffer: buffers are allocated on first use). A tuner thread measures
+//! throughput every half second and climbs: a change that made the job
+//! faster is repeated in the same direction, one that made it slower is
+//! undone and the step shrinks, and a flat response holds still — with an
+//! occasional probe, since the work changes (a walk of small files, then
+//! the chunks of a big one). The score counts both kinds of work: an entry
+//! finished, or 256 KiB copied, is one unit.
+
+use crate::job::Stats;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// The most streams `-j auto` may use (memory permitting).
+pub const AUTO_MAX: usize = 64;
+
+/// How many streams may take work.
+pub struct Gate {
+    target: AtomicUsize,
+    max: usize,
+    closed: AtomicBool,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl Gate {
+    pub fn new(target: usize, max: usize) -> Gate {
+        Gate {
+            target: AtomicUsize::new(target.clamp(1, max)),
+            max,
+            closed: AtomicBool::new(false),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+        }
+    }
+
+    pub fn target(&self) -> usize {
+        self.target.load(Relaxed)
+    }
+
+    pub fn set(&self, n: usize) {
+        let _g = self.lock.lock().expect("gate lock");
+        self.target.store(n.clamp(1, self.max), Relaxed);
+        self.cv.notify_all();
+    }
+
+    /// Waits until stream `id` may take work; false once the job is over.
+    pub fn wait_turn(&self, id: usize) -> bool {
+        if id < self.target.load(Relaxed) {
+            return !self.closed.load(Relaxed);
+        }
+        let mut g = self.lock.lock().expect("gate lock");
+        while id >= self.target.load(Relaxed) && !self.closed.load(Relaxed) {
+            g = self.cv.wait(g).expect("gate lock");
+        }
+        !self.closed.load(Relaxed)
+    }
+
+    /// The job is over: every waiting stream leaves.
+    pub fn close(&self) {
+        let _g = self.lock.lock().expect("gate lock");
+        self.closed.store(true, Relaxed);
+        self.cv.notify_all();
+    }
+}
+
+/// The hill climber's state; pure, so its decisions are tested alone.
+#[derive(Debug)]
+pub struct Climb {
+    pub target: usize,
+    max: usize,
+    /// +1 or -1.
+    dir: i32,
+    factor: f64,
+    last: Option<f64>,
+    flat: u32,
+}
+
+impl Climb {
+    pub fn new(start: usize, max: usize) -> Climb {
+        Climb {
+            target: start.clamp(1, max),
+            max,
+            dir: 1,
+            factor: 2.0,
+            last: None,
+            flat: 0,
+        }
+    }
+
+    /// Takes the throughput measured at the current target; returns the
+    /// next target.
+    pub fn step(&mut self, score: f64) -> usize {
+        let Some(last) = self.last.replace(score) else {
+            return self.move_on();
+        };
+        if score > last * 1.05 {
+            self.flat = 0;
+            self.move_on()
+        } else if score < last * 0.95 {
+            self.flat = 0;
+            self.dir = -self.dir;
+            self.factor = (self.factor / 1.5).max(1.25);
+            self.move_on()
+        } else {
+            self.flat += 1;
+            // Hold; every few flat rounds look again, the work may have
+            // changed its nature.
+            if self.flat >= 6 {
+                self.flat = 0;
+                self.factor = self.factor.max(1.5);
+                self.move_on()
+            } else {
+                self.target
+            }
+        }
+    }
+
+    fn move_on(&mut self) -> usize {
+        let t = self.target as f64;
+        let next = if self.dir > 0 {
+            (t * self.factor).ceil()
+        } else {
+            (t / self.factor).floor()
+        };
+        let next = (next as usize).clamp(1, self.max);
+        if next == self.target {
+            // At a bound: turn around next time.
+            self.dir = -self.dir;
+        }
+        self.target = next;
+        next
+    }
+}
+
+/// Work done so far, in units: an entry finished, or 256 KiB copied.
+fn units(stats: &Stats) -> f64 {
+    stats.entries_done() as f64 + stats.bytes_copied.load(Relaxed) as f64 / (256.0 * 1024.0)
+}
+
+/// Runs the tuner until `done` is set.
+pub fn run(gate: &Gate, stats: &Stats, done: &AtomicBool, interval: Duration) {
+    let mut climb = Climb::new(gate.target(), gate.max);
+    let (mut before, mut at) = (units(stats), Instant::now());
+    while !done.load(Relaxed) {
+        std::thread::sleep(interval);
+        let (now, t) = (units(stats), Instant::now());
+        let score = (now - before) / t.duration_since(at).as_secs_f64();
+        (before, at) = (now, t);
+        gate.set(climb.step(score));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Throughput rising to 8 streams, flat after, and a little worse
+    /// beyond 16 (contention), as a disk behaves.
+    fn curve(n: usize) -> f64 {
+        let n = n as f64;
+        if n <= 8.0 {
+            100.0 * n
+        } else if n <= 16.0 {
+            800.0
+        } else {
+            800.0 - 10.0 * (n - 16.0)
+        }
+    }
+
+    #[test]
+    fn climbs_to_the_knee_and_stays_near_it() {
+        let mut c = Climb::new(2, 64);
+        let mut seen = Vec::new();
+        for _ in 0..40 {
+            let t = c.target;
+            seen.push(t);
+            c.step(curve(t));
+        }
+        let late = &seen[20..];
+        assert!(
+            late.iter().filter(|&&t| (8..=24).contains(&t)).count() >= late.len() * 3 / 4,
+            "{seen:?}"
+        );
+    }
+
+    #[test]
+    fn a_flat_curve_holds_still() {
+        let mut c = Climb::new(4, 64);
+        let mut changes = 0;
+        let mut t = c.target;
+        for _ in 0..30 {
+            let next = c.step(500.0);
+            changes += usize::from(next != t);
+            t = next;
+        }
+        assert!(changes <= 8, "{changes} changes on a flat curve");
+    }
+
+    #[test]
+    fn the_gate_parks_streams_above_the_target_and_frees_them_at_close() {
+        let g = Gate::new(1, 4);
+        assert!(g.wait_turn(0));
+        std::thread::scope(|s| {
+            let h = s.spawn(|| g.wait_turn(3));
+            std::thread::sleep(Duration::from_millis(20));
+            assert!(!h.is_finished());
+            g.set(4);
+            assert!(h.join().unwrap());
+        });
+        g.set(1);
+        std::thread::scope(|s| {
+            let h = s.spawn(|| g.wait_turn(2));
+            std::thread::sleep(Duration::from_millis(20));
+            g.close();
+            assert!(!h.join().unwrap());
+        });
+    }
+}
