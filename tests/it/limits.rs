@@ -69,7 +69,11 @@ fn auto_jobs_copies_the_same_and_reports_its_streams() {
         write(&src.join(format!("d{}/f{i}", i % 30)), &bytes(1500, i));
     }
     write(&src.join("big.bin"), &bytes(32 << 20, 9));
-    let out = copy(&src, &t.path().join("dst"), &["-j", "auto", "--chunk-size", "2M", "--json"]);
+    let out = copy(
+        &src,
+        &t.path().join("dst"),
+        &["-j", "auto", "--chunk-size", "2M", "--json"],
+    );
     ok(&out);
     let s = summary(&out);
     let streams = s["streams"].as_u64().unwrap();

@@ -147,7 +147,11 @@ pub fn run(gate: &Gate, stats: &Stats, done: &AtomicBool, interval: Duration) {
     let mut climb = Climb::new(gate.target(), gate.max);
     let (mut before, mut at) = (units(stats), Instant::now());
     while !done.load(Relaxed) {
-        std::thread::sleep(interval);
+        // Short naps, so the end of the job is not held up by the tuner.
+        let nap = Instant::now();
+        while nap.elapsed() < interval && !done.load(Relaxed) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let (now, t) = (units(stats), Instant::now());
         let score = (now - before) / t.duration_since(at).as_secs_f64();
         (before, at) = (now, t);
