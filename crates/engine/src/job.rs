@@ -110,7 +110,7 @@ pub const DEFAULT_CHUNK: u64 = 64 << 20;
 pub const DEFAULT_JOBS: usize = 8;
 
 /// How often `-j auto` measures and adjusts.
-const TUNE_EVERY: Duration = Duration::from_millis(500);
+const TUNE_EVERY: Duration = Duration::from_secs(1);
 
 impl Default for CopyOptions {
     fn default() -> Self {
