@@ -33,7 +33,7 @@ pub enum Activity {
     Parked = 6,
 }
 
-const KINDS: usize = 7;
+pub const KINDS: usize = 7;
 
 /// Seconds of stream time per activity, summed over the streams.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -112,6 +112,11 @@ impl Gauge {
                 self.samples[k].fetch_add(1, Relaxed);
             }
         }
+    }
+
+    /// The samples so far, per activity (indexed by `Activity as usize`).
+    pub fn counts(&self) -> [u64; KINDS] {
+        std::array::from_fn(|k| self.samples[k].load(Relaxed))
     }
 
     /// Stream-seconds per activity, scaled so they add up to `streams ×

@@ -553,7 +553,13 @@ pub fn copy(
         s.spawn(|| shared.gauge.sample_until(&sampled));
         if auto {
             s.spawn(|| {
-                crate::tune::run(&shared.gate, &shared.stats, &sampled, TUNE_EVERY);
+                crate::tune::run(
+                    &shared.gate,
+                    &shared.stats,
+                    &shared.gauge,
+                    &sampled,
+                    TUNE_EVERY,
+                );
             });
         }
         for t in streams {

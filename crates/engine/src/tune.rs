@@ -11,6 +11,7 @@
 //! the chunks of a big one). The score counts both kinds of work: an entry
 //! finished, or 256 KiB copied, is one unit.
 
+use crate::gauge::{Activity, Gauge};
 use crate::job::Stats;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex};
@@ -81,6 +82,9 @@ pub struct Climb {
     flat: u32,
     /// The target before the last move, to return to exactly.
     before: usize,
+    /// Set by the caller when the streams mostly wait on target writes:
+    /// then no step goes up, since more streams cannot help.
+    pub saturated: bool,
 }
 
 impl Climb {
@@ -93,6 +97,7 @@ impl Climb {
             last: None,
             flat: 0,
             before: start.clamp(1, max),
+            saturated: false,
         }
     }
 
@@ -141,6 +146,9 @@ impl Climb {
 
     fn move_on(&mut self) -> usize {
         self.before = self.target;
+        if self.dir > 0 && self.saturated {
+            return self.target;
+        }
         let t = self.target as f64;
         let next = if self.dir > 0 {
             (t * self.factor).ceil()
@@ -162,10 +170,13 @@ fn units(stats: &Stats) -> f64 {
     stats.entries_done() as f64 + stats.bytes_copied.load(Relaxed) as f64 / (256.0 * 1024.0)
 }
 
-/// Runs the tuner until `done` is set.
-pub fn run(gate: &Gate, stats: &Stats, done: &AtomicBool, interval: Duration) {
+/// Runs the tuner until `done` is set. The gauge tells it when the job is
+/// bound by target writes (more than 60% of the working streams' time),
+/// where adding streams only adds memory and contention.
+pub fn run(gate: &Gate, stats: &Stats, gauge: &Gauge, done: &AtomicBool, interval: Duration) {
     let mut climb = Climb::new(gate.target(), gate.max);
     let (mut before, mut at) = (units(stats), Instant::now());
+    let mut seen = gauge.counts();
     while !done.load(Relaxed) {
         // Short naps, so the end of the job is not held up by the tuner.
         let nap = Instant::now();
@@ -175,6 +186,12 @@ pub fn run(gate: &Gate, stats: &Stats, done: &AtomicBool, interval: Duration) {
         let (now, t) = (units(stats), Instant::now());
         let score = (now - before) / t.duration_since(at).as_secs_f64();
         (before, at) = (now, t);
+        let counts = gauge.counts();
+        let d = |a: Activity| counts[a as usize].saturating_sub(seen[a as usize]) as f64;
+        let target = d(Activity::Write) + d(Activity::Journal);
+        let working = target + d(Activity::Walk) + d(Activity::Read) + d(Activity::Copy);
+        climb.saturated = working > 0.0 && target > 0.6 * working;
+        seen = counts;
         gate.set(climb.step(score));
     }
 }
@@ -210,6 +227,16 @@ mod tests {
             late.iter().filter(|&&t| (5..=16).contains(&t)).count() >= late.len() * 3 / 4,
             "{seen:?}"
         );
+    }
+
+    #[test]
+    fn a_saturated_target_gets_no_more_streams() {
+        let mut c = Climb::new(8, 64);
+        c.saturated = true;
+        for _ in 0..30 {
+            let t = c.target;
+            assert!(c.step(curve(t) * 2.0) <= 8, "grew while saturated");
+        }
     }
 
     #[test]

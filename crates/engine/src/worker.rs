@@ -132,6 +132,8 @@ impl Worker {
         loop {
             if self.id >= self.shared.gate.target() {
                 self.doing(Activity::Parked);
+                // A parked stream gives its buffer back.
+                self.scratch.buf = None;
             }
             if !self.shared.gate.wait_turn(self.id) {
                 break;
