@@ -28,8 +28,8 @@ pub enum Command {
     Image(Rest),
     /// Keep DST current as SRC changes (not implemented yet).
     Watch(Rest),
-    /// Measure and pick the stream count (not implemented yet).
-    Probe(Rest),
+    /// Measure throughput at 1, 2, 4, 8... streams and recommend a count.
+    Probe(ProbeArgs),
     /// Remote end for network copies (not implemented yet).
     Serve(Rest),
 }
@@ -191,6 +191,25 @@ pub struct SyncArgs {
     /// Stop before deleting more than N entries (and exit 1).
     #[arg(long, value_name = "N", requires = "delete")]
     pub max_delete: Option<u64>,
+}
+
+#[derive(Args)]
+pub struct ProbeArgs {
+    /// Source directory (its files are read, never changed).
+    pub src: PathBuf,
+    /// Destination directory: trials write into a scratch directory in it,
+    /// removed at the end.
+    pub dst: PathBuf,
+    /// Length of each trial.
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
+    pub seconds: f64,
+    /// One JSON object per trial and per recommendation on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Keep the page cache between trials (by default, as root, it is
+    /// dropped so every trial reads from the disk as a real job would).
+    #[arg(long)]
+    pub warm: bool,
 }
 
 #[derive(Args)]

@@ -13,6 +13,7 @@
 
 mod args;
 mod output;
+mod probe;
 mod size;
 
 use clap::Parser;
@@ -37,6 +38,7 @@ fn main() -> ExitCode {
             let dry_run = c.copy.dry_run;
             output::run_job(&c.copy.job, Kind::Copy { dry_run }, opts)
         }
+        args::Command::Probe(c) => probe::run(&c),
         args::Command::Verify(c) => {
             let opts = c.options();
             output::run_job(&c.job, Kind::Verify, opts)

@@ -7,6 +7,7 @@ mod copy;
 mod faults;
 mod fs;
 mod limits;
+mod probe;
 mod resume;
 mod sync;
 mod verify;

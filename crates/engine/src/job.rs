@@ -81,6 +81,10 @@ pub struct CopyOptions {
     pub mem_limit: u64,
     /// The most bytes of file data per second, over all streams.
     pub bwlimit: Option<u64>,
+    /// Only regular files with `lo <= size < hi` (and the directories that
+    /// lead to them); `sluice probe` uses it to try small and big files
+    /// apart.
+    pub size_window: Option<(u64, u64)>,
 }
 
 /// What `sluice verify` compares besides content.
@@ -137,6 +141,7 @@ impl Default for CopyOptions {
             retries: 2,
             mem_limit: crate::budget::default_limit(),
             bwlimit: None,
+            size_window: None,
         }
     }
 }

@@ -37,3 +37,14 @@ mod worker;
 pub use error::{escape, EntryError, JobError, Reason, Side};
 pub use job::{copy, Check, CopyOptions, HashKind, Outcome, Reflink, Reporter, Stats, Summary};
 pub use sluice_walk::Filter;
+
+/// Whether this process may drop the page cache (root), as `sluice probe`
+/// does between trials.
+pub fn can_drop_caches() -> bool {
+    sluice_sys::is_root()
+}
+
+/// Writes dirty data out and drops the page cache.
+pub fn drop_caches() {
+    sluice_sys::drop_caches()
+}

@@ -366,6 +366,13 @@ impl Worker {
                     return true;
                 }
             }
+            if let Some((lo, hi)) = opts.size_window {
+                // Only regular files in the window are part of the job.
+                let regular = matches!(action, Action::Whole | Action::Chunked { .. });
+                if action != Action::Dir && !(regular && st.size >= lo && st.size < hi) {
+                    return true;
+                }
+            }
             stats.entries_found.fetch_add(1, Relaxed);
             match action {
                 Action::Dir => self.spawn(Task::Dir {

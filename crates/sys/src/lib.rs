@@ -505,6 +505,13 @@ pub fn clear_umask() {
     rustix::process::umask(Mode::empty());
 }
 
+/// Writes all dirty data out and drops the page cache (needs root), so a
+/// measurement that follows reads from the disk.
+pub fn drop_caches() {
+    rustix::fs::sync();
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+}
+
 /// The most memory this process has had resident (`VmHWM`), in bytes.
 pub fn peak_rss() -> u64 {
     proc_kib("/proc/self/status", "VmHWM:")
