@@ -488,7 +488,9 @@ pub fn copy(
         None => None,
     };
     let shared = Arc::new(Shared {
-        queue: Queue::new(jobs * 4, 256),
+        // Sized for the streams that start working, not for every stream
+        // -j auto could add: a longer queue only spreads a directory's files.
+        queue: Queue::new(opts.jobs.min(jobs) * 4, 256),
         stats,
         reporter,
         cancel,
