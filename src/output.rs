@@ -290,6 +290,9 @@ pub fn summary_json(s: &Summary, outcome: &str, kind: Kind) -> serde_json::Value
         }),
     );
     m.insert("streams".into(), json!(s.streams));
+    if !s.streams_trace.is_empty() {
+        m.insert("streams_trace".into(), json!(s.streams_trace));
+    }
     m.insert("bottleneck".into(), json!(b.verdict()));
     m.insert("max_rss_bytes".into(), json!(s.peak_rss));
     v
@@ -394,6 +397,7 @@ mod tests {
             },
             peak_rss: 0,
             streams: 8,
+            streams_trace: Vec::new(),
             errors: 5,
             elapsed: Duration::from_millis(21_540),
         }
@@ -414,7 +418,7 @@ mod tests {
             "failed                     5\n",
             "time 21.54 s, 9.1 MiB/s, 9285 files/s\n",
             "streams: 10% walk, 20% read, 60% write, 5% kernel copy, 4% journal, 1% idle: ",
-            "bound by target writes: more streams will not help a saturated target\n",
+            "bound by target writes: more streams help only while the target has latency to hide\n",
         );
         assert_eq!(
             summary_table(&sample(), Kind::Copy { dry_run: false }),
@@ -425,7 +429,7 @@ mod tests {
     #[test]
     fn summary_json_snapshot() {
         let got = summary_json(&sample(), "partial", Kind::Copy { dry_run: false }).to_string();
-        let want = r#"{"type":"summary","outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"deleted":7,"retries":0,"files_per_s":9285.0,"bytes_per_s":9507892.0,"stream_seconds":{"walk":10.0,"read":20.0,"write":60.0,"kernel_copy":5.0,"journal_wait":4.0,"idle":1.0,"parked":0.0},"streams":8,"bottleneck":"bound by target writes: more streams will not help a saturated target","max_rss_bytes":0}"#;
+        let want = r#"{"type":"summary","outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"deleted":7,"retries":0,"files_per_s":9285.0,"bytes_per_s":9507892.0,"stream_seconds":{"walk":10.0,"read":20.0,"write":60.0,"kernel_copy":5.0,"journal_wait":4.0,"idle":1.0,"parked":0.0},"streams":8,"bottleneck":"bound by target writes: more streams help only while the target has latency to hide","max_rss_bytes":0}"#;
         assert_eq!(got, want);
     }
 

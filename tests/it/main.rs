@@ -10,4 +10,5 @@ mod limits;
 mod probe;
 mod resume;
 mod sync;
+mod tune;
 mod verify;

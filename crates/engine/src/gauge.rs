@@ -70,7 +70,7 @@ impl Busy {
         } else if self.read > 1.5 * target {
             "bound by reads: more streams help only a disk with latency to hide"
         } else if target > 1.5 * self.read {
-            "bound by target writes: more streams will not help a saturated target"
+            "bound by target writes: more streams help only while the target has latency to hide"
         } else {
             "balanced between source reads and target writes"
         }

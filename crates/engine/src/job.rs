@@ -179,6 +179,9 @@ pub struct Stats {
     pub busy: Mutex<Busy>,
     /// Streams in use at the end (what `-j auto` settled on).
     pub streams: AtomicU64,
+    /// With `-j auto`: the streams in use at the start and after each
+    /// tuning step.
+    pub streams_trace: Mutex<Vec<u32>>,
     pub errors: AtomicU64,
     /// Entries and bytes listed so far (the walk runs ahead of the copy).
     pub entries_found: AtomicU64,
@@ -216,6 +219,7 @@ impl Stats {
             busy: *self.busy.lock().expect("busy lock"),
             peak_rss: sluice_sys::peak_rss(),
             streams: self.streams.load(Relaxed),
+            streams_trace: self.streams_trace.lock().expect("trace lock").clone(),
             errors: self.errors.load(Relaxed),
             elapsed,
         }
@@ -246,6 +250,9 @@ pub struct Summary {
     pub peak_rss: u64,
     /// Streams in use at the end.
     pub streams: u64,
+    /// With `-j auto`: streams in use at the start and after each second's
+    /// tuning step.
+    pub streams_trace: Vec<u32>,
     pub errors: u64,
     pub elapsed: Duration,
 }
@@ -560,13 +567,14 @@ pub fn copy(
         s.spawn(|| shared.gauge.sample_until(&sampled));
         if auto {
             s.spawn(|| {
-                crate::tune::run(
+                let trace = crate::tune::run(
                     &shared.gate,
                     &shared.stats,
                     &shared.gauge,
                     &sampled,
                     TUNE_EVERY,
                 );
+                *shared.stats.streams_trace.lock().expect("trace lock") = trace;
             });
         }
         for t in streams {

@@ -82,9 +82,16 @@ pub struct Climb {
     flat: u32,
     /// The target before the last move, to return to exactly.
     before: usize,
-    /// Set by the caller when the streams mostly wait on target writes:
-    /// then no step goes up, since more streams cannot help.
+    /// Set by the caller when the streams mostly wait on target writes.
+    /// A saturated disk gains nothing from more streams, but a target with
+    /// latency to hide (a network share) gains a lot, and only a step up
+    /// tells the two apart: so the climb still goes up while steps pay,
+    /// but a saturated job is not probed upward again once it holds.
     pub saturated: bool,
+    /// Set by the caller when the process used (nearly) all the CPUs it
+    /// may: then no step goes up, since more streams would only queue for
+    /// a core (a copy between two RAM-backed file systems).
+    pub cpu_bound: bool,
 }
 
 impl Climb {
@@ -98,6 +105,7 @@ impl Climb {
             flat: 0,
             before: start.clamp(1, max),
             saturated: false,
+            cpu_bound: false,
         }
     }
 
@@ -132,7 +140,7 @@ impl Climb {
             self.flat += 1;
             // Hold; every few rounds look upward again, the work may have
             // changed its nature.
-            if self.flat >= 6 {
+            if self.flat >= 6 && !self.saturated {
                 self.flat = 0;
                 self.dir = 1;
                 self.factor = self.factor.max(1.5);
@@ -146,7 +154,7 @@ impl Climb {
 
     fn move_on(&mut self) -> usize {
         self.before = self.target;
-        if self.dir > 0 && self.saturated {
+        if self.dir > 0 && self.cpu_bound {
             return self.target;
         }
         let t = self.target as f64;
@@ -171,29 +179,49 @@ fn units(stats: &Stats) -> f64 {
 }
 
 /// Runs the tuner until `done` is set. The gauge tells it when the job is
-/// bound by target writes (more than 60% of the working streams' time),
-/// where adding streams only adds memory and contention.
-pub fn run(gate: &Gate, stats: &Stats, gauge: &Gauge, done: &AtomicBool, interval: Duration) {
+/// bound by target writes (more than 60% of the working streams' time):
+/// then a hold is not broken by probing upward, where on a saturated disk
+/// more streams only add memory and contention. The process's CPU time
+/// tells it when the cores are the limit: then it does not go up at all.
+/// Returns the targets it set, after the one it started from.
+pub fn run(
+    gate: &Gate,
+    stats: &Stats,
+    gauge: &Gauge,
+    done: &AtomicBool,
+    interval: Duration,
+) -> Vec<u32> {
     let mut climb = Climb::new(gate.target(), gate.max);
+    let mut trace = vec![gate.target() as u32];
     let (mut before, mut at) = (units(stats), Instant::now());
     let mut seen = gauge.counts();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let mut cpu = sluice_sys::process_cpu_time();
     while !done.load(Relaxed) {
         // Short naps, so the end of the job is not held up by the tuner.
         let nap = Instant::now();
         while nap.elapsed() < interval && !done.load(Relaxed) {
             std::thread::sleep(Duration::from_millis(5));
         }
-        let (now, t) = (units(stats), Instant::now());
-        let score = (now - before) / t.duration_since(at).as_secs_f64();
-        (before, at) = (now, t);
+        let (now, t, cpu_now) = (units(stats), Instant::now(), sluice_sys::process_cpu_time());
+        let secs = t.duration_since(at).as_secs_f64();
+        let score = (now - before) / secs;
+        climb.cpu_bound = (cpu_now - cpu).as_secs_f64() / secs > 0.85 * cores;
+        (before, at, cpu) = (now, t, cpu_now);
         let counts = gauge.counts();
         let d = |a: Activity| counts[a as usize].saturating_sub(seen[a as usize]) as f64;
         let target = d(Activity::Write) + d(Activity::Journal);
         let working = target + d(Activity::Walk) + d(Activity::Read) + d(Activity::Copy);
         climb.saturated = working > 0.0 && target > 0.6 * working;
         seen = counts;
-        gate.set(climb.step(score));
+        if done.load(Relaxed) {
+            break;
+        }
+        let next = climb.step(score);
+        gate.set(next);
+        trace.push(next as u32);
     }
+    trace
 }
 
 #[cfg(test)]
@@ -230,13 +258,45 @@ mod tests {
     }
 
     #[test]
-    fn a_saturated_target_gets_no_more_streams() {
+    fn a_saturated_disk_is_tried_once_then_left_alone() {
         let mut c = Climb::new(8, 64);
         c.saturated = true;
+        let mut seen = Vec::new();
         for _ in 0..30 {
             let t = c.target;
-            assert!(c.step(curve(t) * 2.0) <= 8, "grew while saturated");
+            seen.push(t);
+            c.step(curve(t).min(800.0));
         }
+        let above = seen.iter().filter(|&&t| t > 8).count();
+        assert!(
+            above <= 1,
+            "probed a saturated disk {above} times: {seen:?}"
+        );
+        assert!(seen[5..].iter().all(|&t| t >= 4), "{seen:?}");
+    }
+
+    #[test]
+    fn no_more_streams_than_the_cores_can_run() {
+        let mut c = Climb::new(8, 64);
+        c.cpu_bound = true;
+        for _ in 0..30 {
+            let t = c.target;
+            assert!(c.step(curve(t) * 2.0) <= 8, "grew with the CPUs busy");
+        }
+    }
+
+    /// Writes dominate on a share with latency per request too, but there
+    /// every step up pays: the climb goes on to the top.
+    #[test]
+    fn a_target_with_latency_to_hide_gets_many_streams() {
+        let mut c = Climb::new(8, 64);
+        c.saturated = true;
+        let share = |n: usize| 100.0 * (n.min(48) as f64);
+        for _ in 0..10 {
+            let t = c.target;
+            c.step(share(t));
+        }
+        assert!(c.target >= 32, "stopped at {}", c.target);
     }
 
     #[test]

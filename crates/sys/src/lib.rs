@@ -517,6 +517,12 @@ pub fn peak_rss() -> u64 {
     proc_kib("/proc/self/status", "VmHWM:")
 }
 
+/// CPU time this process has used so far, user and system, all threads.
+pub fn process_cpu_time() -> std::time::Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
 /// The machine's memory (`MemTotal`), in bytes.
 pub fn total_memory() -> u64 {
     proc_kib("/proc/meminfo", "MemTotal:")
