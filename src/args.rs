@@ -87,12 +87,13 @@ pub struct JobArgs {
     /// Destination: receives SRC's contents (created if missing).
     pub dst: PathBuf,
     /// Parallel streams, or `auto`: tuned while the job runs, starting at 8
-    /// [default: auto].
+    /// or where `sluice probe --save` found best for this pair [default: auto].
     #[arg(short = 'j', long = "jobs", value_name = "N|auto", value_parser = parse_jobs)]
     pub jobs: Option<Jobs>,
-    /// Files above twice this size are split into chunks handled in parallel.
-    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_size)]
-    pub chunk_size: u64,
+    /// Files above twice this size are split into chunks handled in parallel
+    /// [default: 64M, or what `sluice probe --save` found for this pair].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub chunk_size: Option<u64>,
     /// Skip entries matching GLOB (name, or path relative to SRC if it has a '/').
     #[arg(long, value_name = "GLOB")]
     pub exclude: Vec<String>,
@@ -210,6 +211,10 @@ pub struct ProbeArgs {
     /// dropped so every trial reads from the disk as a real job would).
     #[arg(long)]
     pub warm: bool,
+    /// Keep the recommendation (in ~/.local/state/sluice/probes.json):
+    /// later `-j auto` jobs between these file systems start from it.
+    #[arg(long)]
+    pub save: bool,
 }
 
 #[derive(Args)]
@@ -227,10 +232,9 @@ pub struct VerifyArgs {
 impl JobArgs {
     /// The engine's options for these arguments.
     pub fn options(&self) -> Result<CopyOptions, String> {
-        if self.chunk_size < 4096 || self.chunk_size % 4096 != 0 {
+        if let Some(c) = self.chunk_size.filter(|&c| c < 4096 || c % 4096 != 0) {
             return Err(format!(
-                "--chunk-size must be a multiple of 4 KiB and at least 4 KiB, got {}",
-                self.chunk_size
+                "--chunk-size must be a multiple of 4 KiB and at least 4 KiB, got {c}"
             ));
         }
         if self.jobs == Some(Jobs::Fixed(0)) {
@@ -238,19 +242,37 @@ impl JobArgs {
         }
         let filter = Filter::new(&self.exclude, &self.include).map_err(|e| e.to_string())?;
         let defaults = CopyOptions::default();
+        let auto = matches!(self.jobs, None | Some(Jobs::Auto));
+        let saved = self.saved_probe();
         Ok(CopyOptions {
             jobs: match self.jobs {
                 Some(Jobs::Fixed(n)) => n,
-                _ => defaults.jobs,
+                _ => saved
+                    .as_ref()
+                    .and_then(|s| s.start_streams())
+                    .unwrap_or(defaults.jobs),
             },
-            auto_jobs: matches!(self.jobs, None | Some(Jobs::Auto)),
-            chunk_size: self.chunk_size,
+            auto_jobs: auto,
+            chunk_size: self
+                .chunk_size
+                .or(saved.and_then(|s| s.big.map(|b| b.1)))
+                .unwrap_or(defaults.chunk_size),
             filter,
             one_file_system: self.one_file_system,
             direct: !self.no_direct,
             mem_limit: self.mem_limit.unwrap_or(defaults.mem_limit),
             ..defaults
         })
+    }
+}
+
+impl JobArgs {
+    /// A probe saved for this pair, which `-j auto` starts from.
+    pub fn saved_probe(&self) -> Option<crate::saved::Saved> {
+        match self.jobs {
+            None | Some(Jobs::Auto) => crate::saved::find(&self.src, &self.dst),
+            Some(Jobs::Fixed(_)) => None,
+        }
     }
 }
 

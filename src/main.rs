@@ -14,6 +14,7 @@
 mod args;
 mod output;
 mod probe;
+mod saved;
 mod size;
 
 use clap::Parser;

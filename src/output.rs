@@ -90,6 +90,14 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
             return ExitCode::from(2);
         }
     };
+    if let (Some(saved), false) = (args.saved_probe(), args.json) {
+        eprintln!(
+            "sluice: -j auto starts at {} streams, as `sluice probe --save` found for {} -> {}",
+            opts.jobs,
+            saved.src.display(),
+            saved.dst.display()
+        );
+    }
     let cancel = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         let _ = signal_hook::flag::register(sig, cancel.clone());

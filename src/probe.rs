@@ -6,7 +6,7 @@
 
 use crate::args::ProbeArgs;
 use serde_json::json;
-use sluice_engine::{CopyOptions, EntryError, Reporter, Stats};
+use sluice_engine::{CopyOptions, EntryError, Reporter, Stats, DEFAULT_CHUNK};
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -25,17 +25,55 @@ impl Reporter for Quiet {
 
 const STREAMS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
 
+/// Chunk sizes tried for big files, at the best stream count (the default,
+/// 64 MiB, is what the stream trials used).
+const CHUNKS: [u64; 2] = [16 << 20, 256 << 20];
+
 /// What one trial reached.
 struct Trial {
     streams: usize,
+    chunk_size: u64,
+    files: u64,
     files_per_s: f64,
     bytes_per_s: f64,
     /// Shares of the working streams' time: walk, read, write, idle.
     shares: [f64; 4],
-    found: u64,
+    /// The copy ran out of files before its time was up.
+    finished: bool,
+}
+
+/// A kind of work, tried apart from the other.
+struct Class {
+    label: &'static str,
+    key: &'static str,
+    window: (u64, u64),
+    /// Judged by files/s (else by bytes/s).
+    by_files: bool,
+}
+
+const CLASSES: [Class; 2] = [
+    Class {
+        label: "small files (< 1 MiB)",
+        key: "small",
+        window: (0, 1 << 20),
+        by_files: true,
+    },
+    Class {
+        label: "big files (>= 1 MiB)",
+        key: "big",
+        window: (1 << 20, u64::MAX),
+        by_files: false,
+    },
+];
+
+/// What the probe recommends for one kind of work.
+struct Pick {
+    streams: usize,
+    chunk_size: u64,
 }
 
 pub fn run(args: &ProbeArgs) -> ExitCode {
+    let started = Instant::now();
     let scratch = args
         .dst
         .join(format!(".sluice-probe-{}", std::process::id()));
@@ -47,38 +85,58 @@ pub fn run(args: &ProbeArgs) -> ExitCode {
     if !cold && !args.warm && !args.json {
         eprintln!("sluice: not root: trials after the first read a warm page cache");
     }
-    let classes = [
-        ("small files (< 1 MiB)", (0, 1 << 20), true),
-        ("big files (>= 1 MiB)", (1 << 20, u64::MAX), false),
-    ];
+    let mut seq = 0;
     let mut picks = Vec::new();
-    for (label, window, by_files) in classes {
+    for class in &CLASSES {
         if !args.json {
-            println!("{label}");
+            println!("{}", class.label);
             println!(
-                "{:>8} {:>10} {:>10} {:>6} {:>6} {:>6} {:>6}",
-                "streams", "files/s", "MB/s", "walk", "read", "write", "idle"
+                "{:>8} {:>6} {:>10} {:>10} {:>6} {:>6} {:>6} {:>6}",
+                "streams", "chunk", "files/s", "MB/s", "walk", "read", "write", "idle"
             );
         }
-        let (mut best, mut best_n, mut stalls) = (0.0, None, 0);
+        let mut tried = |n: usize, chunk: u64| {
+            seq += 1;
+            let t = trial(
+                args,
+                &scratch.join(format!("trial-{seq}")),
+                n,
+                chunk,
+                class,
+                cold,
+            )?;
+            if t.files > 0 {
+                report(args.json, class.label, &t);
+            }
+            Some(t)
+        };
+        let rate = |t: &Trial| {
+            if class.by_files {
+                t.files_per_s
+            } else {
+                t.bytes_per_s
+            }
+        };
+        let (mut best, mut pick, mut stalls) = (0.0, None, 0);
         for n in STREAMS {
-            let Some(t) = trial(args, &scratch, n, window, cold) else {
+            let Some(t) = tried(n, DEFAULT_CHUNK) else {
                 break;
             };
-            if t.found == 0 {
+            if t.files == 0 && t.finished {
                 if !args.json {
                     println!("{:>8} none in SRC", "-");
                 }
                 break;
             }
-            report(args.json, label, &t);
-            let rate = if by_files {
-                t.files_per_s
-            } else {
-                t.bytes_per_s
-            };
-            if rate > best * 1.05 {
-                (best, best_n, stalls) = (rate, Some(n), 0);
+            if rate(&t) > best * 1.05 {
+                (best, pick, stalls) = (
+                    rate(&t),
+                    Some(Pick {
+                        streams: n,
+                        chunk_size: DEFAULT_CHUNK,
+                    }),
+                    0,
+                );
             } else {
                 stalls += 1;
                 if stalls == 2 {
@@ -86,38 +144,99 @@ pub fn run(args: &ProbeArgs) -> ExitCode {
                 }
             }
         }
-        picks.push((label, best_n));
+        if let (Some(p), false) = (&mut pick, class.by_files) {
+            // Only a clear gain changes the chunk size: it matters for
+            // files above twice its size, and a trial varies by 5-10%.
+            let n = p.streams;
+            for chunk in CHUNKS {
+                match tried(n, chunk) {
+                    Some(t) if rate(&t) > best * 1.10 => {
+                        best = rate(&t);
+                        p.chunk_size = chunk;
+                    }
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+        }
+        picks.push((class, pick));
     }
-    let _ = std::fs::remove_dir_all(&scratch);
-    for (label, n) in &picks {
-        match (n, args.json) {
-            (Some(n), false) => println!("recommendation for {label}: -j {n}"),
-            (Some(n), true) => println!(
+    // Trials keep their output until the end, so that each starts into
+    // the same DST, and it all goes at once, in parallel: on a target with
+    // latency per request, removing it one entry at a time took longer
+    // than the trials.
+    remove_tree(&scratch, 32);
+    for (class, p) in &picks {
+        let Some(p) = p else { continue };
+        if args.json {
+            println!(
                 "{}",
-                json!({"type": "recommendation", "class": label, "streams": n})
-            ),
-            (None, _) => {}
+                json!({"type": "recommendation", "class": class.label, "streams": p.streams,
+                       "chunk_size": p.chunk_size})
+            );
+        } else if class.by_files {
+            println!("recommendation for {}: -j {}", class.label, p.streams);
+        } else {
+            println!(
+                "recommendation for {}: -j {} --chunk-size {}M",
+                class.label,
+                p.streams,
+                p.chunk_size >> 20
+            );
         }
     }
-    if !args.json {
-        println!("(-j auto, the default, tunes this while a job runs)");
+    if args.save {
+        let rec = crate::saved::Saved::new(
+            &args.src,
+            &args.dst,
+            picks
+                .iter()
+                .find(|(c, _)| c.key == "small")
+                .and_then(|(_, p)| p.as_ref().map(|p| p.streams)),
+            picks
+                .iter()
+                .find(|(c, _)| c.key == "big")
+                .and_then(|(_, p)| p.as_ref().map(|p| (p.streams, p.chunk_size))),
+        );
+        match rec.and_then(|r| crate::saved::save(&r)) {
+            Ok(path) if args.json => println!("{}", json!({"type": "saved", "path": path})),
+            Ok(path) => println!(
+                "saved to {}: -j auto starts from it for this pair of file systems",
+                path.display()
+            ),
+            Err(e) => {
+                eprintln!("sluice: error: saving the probe: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else if !args.json {
+        println!(
+            "(-j auto, the default, tunes this while a job runs; --save keeps it for later runs)"
+        );
+    }
+    if args.json {
+        println!(
+            "{}",
+            json!({"type": "probe_done", "elapsed_s": (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0})
+        );
+    } else {
+        println!("probe took {:.1} s", started.elapsed().as_secs_f64());
     }
     ExitCode::SUCCESS
 }
 
-/// Copies SRC's files in `window` into a fresh directory for `seconds`
-/// at `n` streams, then removes it.
+/// Copies SRC's files of `class` into `out` for `seconds` at `n` streams.
 fn trial(
     args: &ProbeArgs,
-    scratch: &Path,
+    out: &Path,
     n: usize,
-    window: (u64, u64),
+    chunk_size: u64,
+    class: &Class,
     cold: bool,
 ) -> Option<Trial> {
     if cold {
         sluice_engine::drop_caches();
     }
-    let out = scratch.join(format!("trial-{n}"));
     let stats = Arc::new(Stats::default());
     let cancel = Arc::new(AtomicBool::new(false));
     let timer = {
@@ -132,29 +251,27 @@ fn trial(
     let opts = CopyOptions {
         jobs: n,
         auto_jobs: false,
-        size_window: Some(window),
+        chunk_size,
+        size_window: Some(class.window),
         ..CopyOptions::default()
     };
     let start = Instant::now();
-    let res = sluice_engine::copy(
-        &args.src,
-        &out,
-        opts,
-        stats.clone(),
-        Arc::new(Quiet),
-        cancel,
-    );
+    let res = sluice_engine::copy(&args.src, out, opts, stats.clone(), Arc::new(Quiet), cancel);
     let secs = start.elapsed().as_secs_f64().max(1e-3);
-    let _ = std::fs::remove_dir_all(&out);
-    if let Err(e) = res {
-        eprintln!("sluice: error: {e}");
-        return None;
-    }
+    let outcome = match res {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("sluice: error: {e}");
+            return None;
+        }
+    };
     let s = stats.summary(start.elapsed());
     let b = s.busy;
     let work = b.total().max(1e-9);
     Some(Trial {
         streams: n,
+        chunk_size,
+        files: s.files_copied,
         files_per_s: s.files_copied as f64 / secs,
         bytes_per_s: s.bytes_copied as f64 / secs,
         shares: [
@@ -163,8 +280,43 @@ fn trial(
             (b.write + b.journal + b.copy) / work,
             b.idle / work,
         ],
-        found: stats.entries_found.load(Relaxed),
+        finished: outcome != sluice_engine::Outcome::Interrupted,
     })
+}
+
+/// Removes `dir` and everything in it, `threads` entries at a time.
+fn remove_tree(dir: &Path, threads: usize) {
+    let (mut files, mut dirs) = (Vec::new(), vec![(0, dir.to_path_buf())]);
+    let mut i = 0;
+    while i < dirs.len() {
+        let (depth, d) = dirs[i].clone();
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            match e.file_type() {
+                Ok(t) if t.is_dir() => dirs.push((depth + 1, e.path())),
+                _ => files.push(e.path()),
+            }
+        }
+        i += 1;
+    }
+    let parallel = |paths: &[std::path::PathBuf], rm: fn(&Path) -> std::io::Result<()>| {
+        let per = paths.len().div_ceil(threads).max(1);
+        std::thread::scope(|s| {
+            for part in paths.chunks(per) {
+                s.spawn(move || part.iter().for_each(|p| drop(rm(p))));
+            }
+        });
+    };
+    parallel(&files, |p| std::fs::remove_file(p));
+    // Deepest first: a directory is empty once those below it are gone.
+    let deepest = dirs.iter().map(|d| d.0).max().unwrap_or(0);
+    for depth in (0..=deepest).rev() {
+        let level: Vec<_> = dirs
+            .iter()
+            .filter(|d| d.0 == depth)
+            .map(|d| d.1.clone())
+            .collect();
+        parallel(&level, |p| std::fs::remove_dir(p));
+    }
 }
 
 fn report(as_json: bool, label: &str, t: &Trial) {
@@ -176,6 +328,7 @@ fn report(as_json: bool, label: &str, t: &Trial) {
                 "type": "probe",
                 "class": label,
                 "streams": t.streams,
+                "chunk_size": t.chunk_size,
                 "files_per_s": t.files_per_s.round(),
                 "bytes_per_s": t.bytes_per_s.round(),
                 "walk_pct": pct(t.shares[0]),
@@ -186,8 +339,9 @@ fn report(as_json: bool, label: &str, t: &Trial) {
         );
     } else {
         println!(
-            "{:>8} {:>10.0} {:>10.1} {:>5}% {:>5}% {:>5}% {:>5}%",
+            "{:>8} {:>5}M {:>10.0} {:>10.1} {:>5}% {:>5}% {:>5}% {:>5}%",
             t.streams,
+            t.chunk_size >> 20,
             t.files_per_s,
             t.bytes_per_s / 1e6,
             pct(t.shares[0]),

@@ -10,8 +10,15 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The binary, with no saved probe to start from (a test that wants one
+/// sets `XDG_STATE_HOME` again).
 pub fn sluice() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sluice"))
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    c.env(
+        "XDG_STATE_HOME",
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-saved-probes"),
+    );
+    c
 }
 
 /// Runs `sluice copy SRC DST ARGS` and returns its output.

@@ -13,10 +13,12 @@ fn probe_measures_both_kinds_of_work_recommends_and_leaves_nothing() {
     write(&src.join("big.bin"), &bytes(8 << 20, 1));
     let dst = t.path().join("dst");
     write(&dst.join("keep"), b"the user's");
+    let state = t.path().join("state");
     let out = sluice()
-        .args(["probe", "--seconds", "0.3", "--json", "--warm"])
+        .args(["probe", "--seconds", "0.3", "--json", "--warm", "--save"])
         .arg(&src)
         .arg(&dst)
+        .env("XDG_STATE_HOME", &state)
         .output()
         .unwrap();
     ok(&out);
@@ -39,12 +41,54 @@ fn probe_measures_both_kinds_of_work_recommends_and_leaves_nothing() {
         .map(|r| r["streams"].as_u64().unwrap())
         .collect();
     assert!(small.len() >= 3 && small[..3] == [1, 2, 4], "{small:?}");
+    let recs = json_lines(&out, "recommendation");
+    assert_eq!(recs.len(), 2, "{}", stdout(&out));
+    // Big files are tried at other chunk sizes too.
+    let chunks: std::collections::BTreeSet<u64> = rows
+        .iter()
+        .filter(|r| r["class"].as_str().unwrap().starts_with("big"))
+        .map(|r| r["chunk_size"].as_u64().unwrap())
+        .collect();
     assert_eq!(
-        json_lines(&out, "recommendation").len(),
-        2,
-        "{}",
-        stdout(&out)
+        chunks.into_iter().collect::<Vec<_>>(),
+        [16 << 20, 64 << 20, 256 << 20]
     );
+
+    // Saved: a later -j auto job between the same file systems starts
+    // from the recommendation; -j N does not look.
+    let saved = json_lines(&out, "saved");
+    assert_eq!(saved.len(), 1, "{}", stdout(&out));
+    let path = saved[0]["path"].as_str().unwrap();
+    assert!(path.starts_with(state.to_str().unwrap()), "{path}");
+    let start = recs
+        .iter()
+        .map(|r| r["streams"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let later = sluice()
+        .args(["copy", "--json"])
+        .arg(&src)
+        .arg(t.path().join("later"))
+        .env("XDG_STATE_HOME", &state)
+        .output()
+        .unwrap();
+    ok(&later);
+    assert_eq!(
+        summary(&later)["streams_trace"][0],
+        start,
+        "{}",
+        stdout(&later)
+    );
+    assert_same_tree(&src, &t.path().join("later"));
+    let pinned = sluice()
+        .args(["copy", "--json", "-j", "3"])
+        .arg(&src)
+        .arg(t.path().join("pinned"))
+        .env("XDG_STATE_HOME", &state)
+        .output()
+        .unwrap();
+    ok(&pinned);
+    assert_eq!(summary(&pinned)["streams"], 3);
     // Only what the user had is left in DST.
     let left: Vec<_> = fs::read_dir(&dst)
         .unwrap()

@@ -35,7 +35,10 @@ mod verify;
 mod worker;
 
 pub use error::{escape, EntryError, JobError, Reason, Side};
-pub use job::{copy, Check, CopyOptions, HashKind, Outcome, Reflink, Reporter, Stats, Summary};
+pub use job::{
+    copy, Check, CopyOptions, HashKind, Outcome, Reflink, Reporter, Stats, Summary, DEFAULT_CHUNK,
+    DEFAULT_JOBS,
+};
 pub use sluice_walk::Filter;
 
 /// Whether this process may drop the page cache (root), as `sluice probe`
