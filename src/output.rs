@@ -300,6 +300,7 @@ pub fn summary_json(s: &Summary, outcome: &str, kind: Kind) -> serde_json::Value
     m.insert("streams".into(), json!(s.streams));
     if !s.streams_trace.is_empty() {
         m.insert("streams_trace".into(), json!(s.streams_trace));
+        m.insert("chunk_streams_trace".into(), json!(s.chunk_streams_trace));
     }
     m.insert("bottleneck".into(), json!(b.verdict()));
     m.insert("max_rss_bytes".into(), json!(s.peak_rss));
@@ -406,6 +407,7 @@ mod tests {
             peak_rss: 0,
             streams: 8,
             streams_trace: Vec::new(),
+            chunk_streams_trace: Vec::new(),
             errors: 5,
             elapsed: Duration::from_millis(21_540),
         }

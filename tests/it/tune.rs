@@ -44,7 +44,7 @@ fn auto_climbs_to_many_streams_on_a_share_with_latency() {
         .expect("mount the latency file system");
     let (few, many) = (t.path().join("few"), t.path().join("many"));
     tree(&few, 300, 3);
-    tree(&many, 6000, 60);
+    tree(&many, 9000, 90);
 
     let one = copy(&few, &mnt.join("one"), &["-j", "1", "--json"]);
     ok(&one);

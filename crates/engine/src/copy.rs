@@ -896,7 +896,7 @@ impl Worker {
             }
             // Yield to small files and other chunks between chunks; keep
             // going here only when the queue is full.
-            match self.shared.queue.push(Lane::Data, Task::Chunk(big)) {
+            match self.shared.queue.push(Lane::Chunk, Task::Chunk(big)) {
                 Ok(()) => return,
                 Err(Task::Chunk(b)) => big = b,
                 Err(_) => unreachable!("pushed a chunk, got it back as something else"),
@@ -918,6 +918,7 @@ impl Worker {
             self.copy_range(src, dst, off, len)?
         };
         self.shared.stats.bytes_copied.fetch_add(copied, Relaxed);
+        self.shared.stats.chunk_bytes.fetch_add(copied, Relaxed);
         Ok(())
     }
 

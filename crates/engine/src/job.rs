@@ -162,6 +162,8 @@ impl CopyOptions {
 pub struct Stats {
     pub files_copied: AtomicU64,
     pub bytes_copied: AtomicU64,
+    /// Of those, bytes moved as chunks of big files (bandwidth-bound work).
+    pub chunk_bytes: AtomicU64,
     pub dirs_created: AtomicU64,
     pub symlinks: AtomicU64,
     pub hardlinks: AtomicU64,
@@ -182,6 +184,8 @@ pub struct Stats {
     /// With `-j auto`: the streams in use at the start and after each
     /// tuning step.
     pub streams_trace: Mutex<Vec<u32>>,
+    /// With `-j auto`: how many of them could copy chunks of big files.
+    pub chunk_streams_trace: Mutex<Vec<u32>>,
     pub errors: AtomicU64,
     /// Entries and bytes listed so far (the walk runs ahead of the copy).
     pub entries_found: AtomicU64,
@@ -220,6 +224,7 @@ impl Stats {
             peak_rss: sluice_sys::peak_rss(),
             streams: self.streams.load(Relaxed),
             streams_trace: self.streams_trace.lock().expect("trace lock").clone(),
+            chunk_streams_trace: self.chunk_streams_trace.lock().expect("trace lock").clone(),
             errors: self.errors.load(Relaxed),
             elapsed,
         }
@@ -253,6 +258,8 @@ pub struct Summary {
     /// With `-j auto`: streams in use at the start and after each second's
     /// tuning step.
     pub streams_trace: Vec<u32>,
+    /// With `-j auto`: how many of them could copy chunks of big files.
+    pub chunk_streams_trace: Vec<u32>,
     pub errors: u64,
     pub elapsed: Duration,
 }
@@ -567,14 +574,16 @@ pub fn copy(
         s.spawn(|| shared.gauge.sample_until(&sampled));
         if auto {
             s.spawn(|| {
-                let trace = crate::tune::run(
+                let (trace, chunk_trace) = crate::tune::run(
                     &shared.gate,
+                    &shared.queue,
                     &shared.stats,
                     &shared.gauge,
                     &sampled,
                     TUNE_EVERY,
                 );
                 *shared.stats.streams_trace.lock().expect("trace lock") = trace;
+                *shared.stats.chunk_streams_trace.lock().expect("trace lock") = chunk_trace;
             });
         }
         for t in streams {

@@ -1,9 +1,14 @@
 //! The bounded work queue shared by the fixed pool of streams.
 //!
-//! Two lanes: data work (batches of small files, chunks of big ones) is taken
-//! first, first in first out, so memory held by listed-but-uncopied entries
-//! stays small; directories are taken last in first out, so the walk goes
-//! depth first and the number of open directory descriptors stays bounded.
+//! Three lanes. Chunks of big files (bandwidth-bound work) are taken first,
+//! but by at most `chunk_limit` streams at once: the pool's streams are
+//! split between the two kinds of work, and `-j auto` tunes the split (a
+//! disk that streams one big file as fast as eight leaves the other seven
+//! streams to small files). Batches of small files (metadata-bound work)
+//! come next, first in first out, so memory held by listed-but-uncopied
+//! entries stays small; directories last, last in first out, so the walk
+//! goes depth first and the number of open directory descriptors stays
+//! bounded.
 //! A push into a full lane hands the task back: the caller runs it inline,
 //! which is the back-pressure that keeps the queue bounded without ever
 //! blocking a stream (and so without deadlock).
@@ -14,11 +19,18 @@ use std::sync::{Condvar, Mutex};
 /// Which lane a task belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lane {
+    /// Chunks of big files.
+    Chunk,
+    /// Batches of small files.
     Data,
     Dir,
 }
 
 struct Lanes<T> {
+    chunks: VecDeque<T>,
+    /// Chunk tasks running now.
+    chunks_running: usize,
+    chunk_limit: usize,
     data: VecDeque<T>,
     dirs: Vec<T>,
     /// Tasks queued or running; the job is complete when it reaches zero.
@@ -28,7 +40,7 @@ struct Lanes<T> {
     closed: bool,
 }
 
-/// A bounded two-lane queue with completion tracking.
+/// A bounded three-lane queue with completion tracking.
 pub struct Queue<T> {
     lanes: Mutex<Lanes<T>>,
     ready: Condvar,
@@ -41,6 +53,9 @@ impl<T> Queue<T> {
     pub fn new(data_cap: usize, dir_cap: usize) -> Self {
         Queue {
             lanes: Mutex::new(Lanes {
+                chunks: VecDeque::with_capacity(data_cap),
+                chunks_running: 0,
+                chunk_limit: usize::MAX,
                 data: VecDeque::with_capacity(data_cap),
                 dirs: Vec::with_capacity(dir_cap),
                 outstanding: 0,
@@ -61,6 +76,7 @@ impl<T> Queue<T> {
             return Err(task);
         }
         match lane {
+            Lane::Chunk if l.chunks.len() < self.data_cap => l.chunks.push_back(task),
             Lane::Data if l.data.len() < self.data_cap => l.data.push_back(task),
             Lane::Dir if l.dirs.len() < self.dir_cap => l.dirs.push(task),
             _ => return Err(task),
@@ -71,17 +87,39 @@ impl<T> Queue<T> {
         Ok(())
     }
 
-    /// Takes the next task, waiting while others are still running (they may
-    /// queue more). Returns `None` once nothing is queued or running, or the
-    /// queue was closed.
-    pub fn pop(&self) -> Option<T> {
+    /// How many streams may run chunk tasks at once (at least one).
+    pub fn set_chunk_limit(&self, n: usize) {
+        self.lanes.lock().expect("queue lock").chunk_limit = n.max(1);
+        self.ready.notify_all();
+    }
+
+    /// Chunk tasks queued or running: is bandwidth-bound work going on?
+    pub fn chunk_work(&self) -> usize {
+        let l = self.lanes.lock().expect("queue lock");
+        l.chunks.len() + l.chunks_running
+    }
+
+    /// Takes the next task and its lane (to hand back to [`Queue::done`]),
+    /// waiting while others are still running (they may queue more).
+    /// Returns `None` once nothing is queued or running, or the queue was
+    /// closed.
+    pub fn pop(&self) -> Option<(Lane, T)> {
         let mut l = self.lanes.lock().expect("queue lock");
         loop {
             if l.closed {
                 return None;
             }
-            if let Some(t) = l.data.pop_front().or_else(|| l.dirs.pop()) {
-                return Some(t);
+            if l.chunks_running < l.chunk_limit {
+                if let Some(t) = l.chunks.pop_front() {
+                    l.chunks_running += 1;
+                    return Some((Lane::Chunk, t));
+                }
+            }
+            if let Some(t) = l.data.pop_front() {
+                return Some((Lane::Data, t));
+            }
+            if let Some(t) = l.dirs.pop() {
+                return Some((Lane::Dir, t));
             }
             if l.outstanding == 0 {
                 l.closed = true;
@@ -98,15 +136,22 @@ impl<T> Queue<T> {
     /// work is better than keeping that work local.
     pub fn has_idle(&self) -> bool {
         let l = self.lanes.lock().expect("queue lock");
-        l.idle > 0 && l.data.is_empty() && l.dirs.is_empty()
+        l.idle > 0 && l.data.is_empty() && l.dirs.is_empty() && l.chunks.is_empty()
     }
 
-    /// Marks a popped task finished.
-    pub fn done(&self) {
+    /// Marks a task popped from `lane` finished.
+    pub fn done(&self, lane: Lane) {
         let mut l = self.lanes.lock().expect("queue lock");
         l.outstanding -= 1;
+        let freed_chunk = lane == Lane::Chunk && !l.chunks.is_empty();
+        if lane == Lane::Chunk {
+            l.chunks_running -= 1;
+        }
         if l.outstanding == 0 {
             self.ready.notify_all();
+        } else if freed_chunk {
+            drop(l);
+            self.ready.notify_one();
         }
     }
 
@@ -114,7 +159,8 @@ impl<T> Queue<T> {
     pub fn close(&self) -> Vec<T> {
         let mut l = self.lanes.lock().expect("queue lock");
         l.closed = true;
-        let mut dropped: Vec<T> = l.data.drain(..).collect();
+        let mut dropped: Vec<T> = l.chunks.drain(..).collect();
+        dropped.extend(l.data.drain(..));
         dropped.append(&mut l.dirs);
         drop(l);
         self.ready.notify_all();
@@ -132,11 +178,50 @@ mod tests {
         assert!(q.push(Lane::Data, 1).is_ok());
         assert_eq!(q.push(Lane::Data, 2), Err(2));
         assert!(q.push(Lane::Dir, 3).is_ok());
-        assert_eq!(q.pop(), Some(1));
-        q.done();
-        assert_eq!(q.pop(), Some(3));
-        q.done();
+        assert_eq!(q.pop(), Some((Lane::Data, 1)));
+        q.done(Lane::Data);
+        assert_eq!(q.pop(), Some((Lane::Dir, 3)));
+        q.done(Lane::Dir);
         assert_eq!(q.pop(), None);
+    }
+
+    /// Chunks go first, but to no more streams than the limit; the others
+    /// take small files meanwhile, and a finished chunk lets the next in.
+    #[test]
+    fn chunks_run_on_at_most_the_limit_of_streams() {
+        let q = Queue::new(8, 8);
+        q.set_chunk_limit(1);
+        for t in [10, 11] {
+            q.push(Lane::Chunk, t).unwrap();
+        }
+        q.push(Lane::Data, 1).unwrap();
+        assert_eq!(q.pop(), Some((Lane::Chunk, 10)));
+        assert_eq!(q.pop(), Some((Lane::Data, 1)));
+        assert_eq!(q.chunk_work(), 2);
+        q.done(Lane::Data);
+        q.done(Lane::Chunk);
+        assert_eq!(q.pop(), Some((Lane::Chunk, 11)));
+        q.done(Lane::Chunk);
+        assert_eq!(q.chunk_work(), 0);
+        assert_eq!(q.pop(), None);
+    }
+
+    /// A stream that finds only chunks, all slots taken, waits for a slot
+    /// rather than spinning or ending the job.
+    #[test]
+    fn a_stream_waits_for_a_chunk_slot() {
+        use std::sync::Arc;
+        let q = Arc::new(Queue::new(8, 8));
+        q.set_chunk_limit(1);
+        q.push(Lane::Chunk, 1).unwrap();
+        q.push(Lane::Chunk, 2).unwrap();
+        assert_eq!(q.pop(), Some((Lane::Chunk, 1)));
+        let q2 = q.clone();
+        let waiter = std::thread::spawn(move || q2.pop());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!waiter.is_finished());
+        q.done(Lane::Chunk);
+        assert_eq!(waiter.join().unwrap(), Some((Lane::Chunk, 2)));
     }
 
     #[test]
@@ -144,12 +229,12 @@ mod tests {
         use std::sync::Arc;
         let q = Arc::new(Queue::new(4, 4));
         q.push(Lane::Dir, 0).unwrap();
-        assert_eq!(q.pop(), Some(0));
+        assert_eq!(q.pop(), Some((Lane::Dir, 0)));
         let q2 = q.clone();
         let waiter = std::thread::spawn(move || q2.pop());
         std::thread::sleep(std::time::Duration::from_millis(50));
         q.push(Lane::Data, 7).unwrap();
-        q.done();
-        assert_eq!(waiter.join().unwrap(), Some(7));
+        q.done(Lane::Dir);
+        assert_eq!(waiter.join().unwrap(), Some((Lane::Data, 7)));
     }
 }

@@ -10,9 +10,16 @@
 //! occasional probe, since the work changes (a walk of small files, then
 //! the chunks of a big one). The score counts both kinds of work: an entry
 //! finished, or 256 KiB copied, is one unit.
+//!
+//! Within that count, a second climber sets how many streams may copy
+//! chunks of big files at once (the queue's chunk limit), scored by chunk
+//! bytes per second alone. It moves only in a second where the first held
+//! still and chunks were copied throughout, so each sees its own effect;
+//! the streams it takes from big files go to small ones.
 
 use crate::gauge::{Activity, Gauge};
 use crate::job::Stats;
+use crate::queue::Queue;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -95,6 +102,22 @@ pub struct Climb {
 }
 
 impl Climb {
+    /// A new ceiling (the chunk climber's is the stream target).
+    pub fn set_max(&mut self, max: usize) {
+        self.max = max.max(1);
+        self.target = self.target.min(self.max);
+        self.before = self.before.min(self.max);
+    }
+
+    /// A climber that tries fewer first: for the chunk limit, where
+    /// streams not needed by big files are worth more to small ones.
+    pub fn descending(start: usize, max: usize) -> Climb {
+        Climb {
+            dir: -1,
+            ..Climb::new(start, max)
+        }
+    }
+
     pub fn new(start: usize, max: usize) -> Climb {
         Climb {
             target: start.clamp(1, max),
@@ -183,16 +206,22 @@ fn units(stats: &Stats) -> f64 {
 /// then a hold is not broken by probing upward, where on a saturated disk
 /// more streams only add memory and contention. The process's CPU time
 /// tells it when the cores are the limit: then it does not go up at all.
-/// Returns the targets it set, after the one it started from.
-pub fn run(
+/// Returns the stream targets it set and the chunk limits, each after the
+/// one it started from.
+pub fn run<T>(
     gate: &Gate,
+    queue: &Queue<T>,
     stats: &Stats,
     gauge: &Gauge,
     done: &AtomicBool,
     interval: Duration,
-) -> Vec<u32> {
+) -> (Vec<u32>, Vec<u32>) {
     let mut climb = Climb::new(gate.target(), gate.max);
+    let mut chunks = Climb::descending(gate.target(), gate.target());
+    let mut chunk_bytes = stats.chunk_bytes.load(Relaxed);
     let mut trace = vec![gate.target() as u32];
+    let mut chunk_trace = trace.clone();
+    let mut warming_up = true;
     let (mut before, mut at) = (units(stats), Instant::now());
     let mut seen = gauge.counts();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
@@ -203,6 +232,7 @@ pub fn run(
         while nap.elapsed() < interval && !done.load(Relaxed) {
             std::thread::sleep(Duration::from_millis(5));
         }
+        let chunked_before = queue.chunk_work() > 0;
         let (now, t, cpu_now) = (units(stats), Instant::now(), sluice_sys::process_cpu_time());
         let secs = t.duration_since(at).as_secs_f64();
         let score = (now - before) / secs;
@@ -217,11 +247,31 @@ pub fn run(
         if done.load(Relaxed) {
             break;
         }
+        if warming_up {
+            // The first second holds the start of the walk and a cold
+            // cache: as a baseline it made every second look like a gain.
+            warming_up = false;
+            trace.push(climb.target as u32);
+            chunk_trace.push(chunks.target as u32);
+            chunk_bytes = stats.chunk_bytes.load(Relaxed);
+            continue;
+        }
+        let held = climb.target;
         let next = climb.step(score);
         gate.set(next);
         trace.push(next as u32);
+        let cb = stats.chunk_bytes.load(Relaxed);
+        let chunk_rate = (cb - chunk_bytes) as f64 / secs;
+        chunk_bytes = cb;
+        chunks.set_max(next);
+        if next == held && chunked_before && queue.chunk_work() > 0 && chunk_rate > 0.0 {
+            chunks.cpu_bound = climb.cpu_bound;
+            chunks.step(chunk_rate);
+        }
+        queue.set_chunk_limit(chunks.target);
+        chunk_trace.push(chunks.target as u32);
     }
-    trace
+    (trace, chunk_trace)
 }
 
 #[cfg(test)]
@@ -273,6 +323,26 @@ mod tests {
             "probed a saturated disk {above} times: {seen:?}"
         );
         assert!(seen[5..].iter().all(|&t| t >= 4), "{seen:?}");
+    }
+
+    /// Big files that stream as fast on 2 streams as on 16 (one disk):
+    /// the chunk climber gives the rest back; where every stream adds
+    /// bandwidth it stays at the top.
+    #[test]
+    fn the_chunk_limit_comes_down_where_big_files_gain_nothing() {
+        let mut c = Climb::descending(16, 16);
+        for _ in 0..12 {
+            let t = c.target;
+            c.step(if t >= 2 { 600.0 } else { 350.0 });
+        }
+        assert!(c.target < 16, "kept {} chunk streams for nothing", c.target);
+        assert!(c.target >= 2, "starved big files: {}", c.target);
+        let mut c = Climb::descending(16, 16);
+        for _ in 0..12 {
+            let t = c.target;
+            c.step(100.0 * t as f64);
+        }
+        assert!(c.target >= 12, "gave up bandwidth: {}", c.target);
     }
 
     #[test]

@@ -374,6 +374,7 @@ impl Worker {
                 match self.same_range(big.src.as_fd(), big.dst.as_fd(), off, len) {
                     Ok(true) => {
                         self.shared.stats.bytes_copied.fetch_add(len, Relaxed);
+                        self.shared.stats.chunk_bytes.fetch_add(len, Relaxed);
                     }
                     Ok(false) => big.differs.store(true, Relaxed),
                     Err((side, e)) => {
@@ -385,7 +386,7 @@ impl Worker {
             if big.done.fetch_add(1, Relaxed) + 1 == big.chunks {
                 return self.finish_check(&big);
             }
-            match self.shared.queue.push(Lane::Data, Task::Check(big)) {
+            match self.shared.queue.push(Lane::Chunk, Task::Check(big)) {
                 Ok(()) => return,
                 Err(Task::Check(b)) => big = b,
                 Err(_) => unreachable!("pushed a check, got it back as something else"),

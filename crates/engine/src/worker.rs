@@ -48,6 +48,7 @@ impl Task {
     fn lane(&self) -> Lane {
         match self {
             Task::List(_) | Task::Dir { .. } => Lane::Dir,
+            Task::Chunk(_) | Task::Check(_) => Lane::Chunk,
             _ => Lane::Data,
         }
     }
@@ -139,14 +140,14 @@ impl Worker {
                 break;
             }
             self.doing(Activity::Idle);
-            let Some(task) = self.shared.queue.pop() else {
+            let Some((lane, task)) = self.shared.queue.pop() else {
                 // The job is complete: streams the tuner parked leave too.
                 self.shared.gate.close();
                 break;
             };
             self.doing(Activity::Walk);
             self.run_task(task);
-            self.shared.queue.done();
+            self.shared.queue.done(lane);
         }
     }
 
