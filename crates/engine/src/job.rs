@@ -578,7 +578,6 @@ pub fn copy(
                     &shared.gate,
                     &shared.queue,
                     &shared.stats,
-                    &shared.gauge,
                     &sampled,
                     TUNE_EVERY,
                 );

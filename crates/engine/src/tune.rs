@@ -4,7 +4,8 @@
 //! the first `target` take work; the others wait at the [`Gate`] (they hold
 //! no buffer: buffers are allocated on first use). A tuner thread measures
 //! throughput every second and climbs: a change that made the job faster
-//! (by a tenth or more) is repeated in the same direction; more streams
+//! (by a tenth or more, or more than the noise between seconds) is
+//! repeated in the same direction; more streams
 //! that did not help are taken back, exactly, and the step shrinks; a flat
 //! response holds still — with an
 //! occasional probe, since the work changes (a walk of small files, then
@@ -17,7 +18,6 @@
 //! still and chunks were copied throughout, so each sees its own effect;
 //! the streams it takes from big files go to small ones.
 
-use crate::gauge::{Activity, Gauge};
 use crate::job::Stats;
 use crate::queue::Queue;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
@@ -89,12 +89,12 @@ pub struct Climb {
     flat: u32,
     /// The target before the last move, to return to exactly.
     before: usize,
-    /// Set by the caller when the streams mostly wait on target writes.
-    /// A saturated disk gains nothing from more streams, but a target with
-    /// latency to hide (a network share) gains a lot, and only a step up
-    /// tells the two apart: so the climb still goes up while steps pay,
-    /// but a saturated job is not probed upward again once it holds.
-    pub saturated: bool,
+    /// The target the last score was measured at.
+    measured_at: usize,
+    /// Typical relative change between two seconds at one target, and how
+    /// many such pairs it was learnt from.
+    noise: f64,
+    holds: u32,
     /// Set by the caller when the process used (nearly) all the CPUs it
     /// may: then no step goes up, since more streams would only queue for
     /// a core (a copy between two RAM-backed file systems).
@@ -127,8 +127,10 @@ impl Climb {
             last: None,
             flat: 0,
             before: start.clamp(1, max),
-            saturated: false,
             cpu_bound: false,
+            measured_at: start.clamp(1, max),
+            noise: 0.0,
+            holds: 0,
         }
     }
 
@@ -136,12 +138,29 @@ impl Climb {
     /// next target. More streams must earn their keep: a step up that
     /// gained nothing is taken back (they would only hold memory and
     /// contend), a step down that lost nothing is kept.
+    ///
+    /// "Gained" means beyond the measurements' own noise: at least 10%,
+    /// and at least 2.5 times the typical change between two seconds at
+    /// the same target. On the huge file, where a second holds a few
+    /// 64 MiB chunks, seconds differ by 10-20% on their own, and a fixed
+    /// 10% let the climber drift to 50 streams on lucky seconds.
     pub fn step(&mut self, score: f64) -> usize {
+        let moved = self.target != self.measured_at;
+        self.measured_at = self.target;
         let Some(last) = self.last.replace(score) else {
             return self.move_on();
         };
-        // A tenth: single measurements on a busy machine vary by that much.
-        if score > last * 1.10 {
+        if !moved && last > 0.0 {
+            let change = (score / last - 1.0).abs();
+            self.noise = if self.holds == 0 {
+                change
+            } else {
+                0.7 * self.noise + 0.3 * change
+            };
+            self.holds += 1;
+        }
+        let margin = 1.0 + self.threshold();
+        if score > last * margin {
             self.flat = 0;
             self.move_on()
         } else if self.dir > 0 && self.target != self.before {
@@ -153,7 +172,7 @@ impl Climb {
             self.last = Some(last);
             self.target = self.before;
             self.target
-        } else if score < last * 0.90 {
+        } else if score * margin < last {
             // Fewer streams made it worse: go back up.
             self.flat = 0;
             self.dir = 1;
@@ -163,7 +182,7 @@ impl Climb {
             self.flat += 1;
             // Hold; every few rounds look upward again, the work may have
             // changed its nature.
-            if self.flat >= 6 && !self.saturated {
+            if self.flat >= 6 {
                 self.flat = 0;
                 self.dir = 1;
                 self.factor = self.factor.max(1.5);
@@ -172,6 +191,15 @@ impl Climb {
                 self.before = self.target;
                 self.target
             }
+        }
+    }
+
+    /// The relative change that counts as a real one.
+    fn threshold(&self) -> f64 {
+        if self.holds == 0 {
+            0.10
+        } else {
+            (2.5 * self.noise).clamp(0.10, 0.50)
         }
     }
 
@@ -201,18 +229,15 @@ fn units(stats: &Stats) -> f64 {
     stats.entries_done() as f64 + stats.bytes_copied.load(Relaxed) as f64 / (256.0 * 1024.0)
 }
 
-/// Runs the tuner until `done` is set. The gauge tells it when the job is
-/// bound by target writes (more than 60% of the working streams' time):
-/// then a hold is not broken by probing upward, where on a saturated disk
-/// more streams only add memory and contention. The process's CPU time
-/// tells it when the cores are the limit: then it does not go up at all.
-/// Returns the stream targets it set and the chunk limits, each after the
+/// Runs the tuner until `done` is set. The process's CPU time tells it
+/// when the cores are the limit: then it does not go up at all. (The
+/// gauge cannot: a saturated disk and a share with latency to hide both
+/// show streams writing; only a step up tells them apart.) Returns the stream targets it set and the chunk limits, each after the
 /// one it started from.
 pub fn run<T>(
     gate: &Gate,
     queue: &Queue<T>,
     stats: &Stats,
-    gauge: &Gauge,
     done: &AtomicBool,
     interval: Duration,
 ) -> (Vec<u32>, Vec<u32>) {
@@ -223,7 +248,6 @@ pub fn run<T>(
     let mut chunk_trace = trace.clone();
     let mut warming_up = true;
     let (mut before, mut at) = (units(stats), Instant::now());
-    let mut seen = gauge.counts();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let mut cpu = sluice_sys::process_cpu_time();
     while !done.load(Relaxed) {
@@ -238,12 +262,6 @@ pub fn run<T>(
         let score = (now - before) / secs;
         climb.cpu_bound = (cpu_now - cpu).as_secs_f64() / secs > 0.85 * cores;
         (before, at, cpu) = (now, t, cpu_now);
-        let counts = gauge.counts();
-        let d = |a: Activity| counts[a as usize].saturating_sub(seen[a as usize]) as f64;
-        let target = d(Activity::Write) + d(Activity::Journal);
-        let working = target + d(Activity::Walk) + d(Activity::Read) + d(Activity::Copy);
-        climb.saturated = working > 0.0 && target > 0.6 * working;
-        seen = counts;
         if done.load(Relaxed) {
             break;
         }
@@ -307,24 +325,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_saturated_disk_is_tried_once_then_left_alone() {
-        let mut c = Climb::new(8, 64);
-        c.saturated = true;
-        let mut seen = Vec::new();
-        for _ in 0..30 {
-            let t = c.target;
-            seen.push(t);
-            c.step(curve(t).min(800.0));
-        }
-        let above = seen.iter().filter(|&&t| t > 8).count();
-        assert!(
-            above <= 1,
-            "probed a saturated disk {above} times: {seen:?}"
-        );
-        assert!(seen[5..].iter().all(|&t| t >= 4), "{seen:?}");
-    }
-
     /// Big files that stream as fast on 2 streams as on 16 (one disk):
     /// the chunk climber gives the rest back; where every stream adds
     /// bandwidth it stays at the top.
@@ -355,12 +355,43 @@ mod tests {
         }
     }
 
+    /// A flat curve measured with +-20% noise (a second of 64 MiB chunks):
+    /// the climber holds instead of wandering on lucky seconds, and a real
+    /// doubling still shows through that noise.
+    #[test]
+    fn noise_does_not_look_like_a_gain() {
+        let mut x = 12345u64;
+        let mut noisy = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            1.0 + 0.2 * (((x >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0)
+        };
+        let mut c = Climb::new(8, 64);
+        let mut seen = Vec::new();
+        for _ in 0..60 {
+            seen.push(c.target);
+            c.step(500.0 * noisy());
+        }
+        let late = &seen[20..];
+        let changes = late.windows(2).filter(|w| w[0] != w[1]).count();
+        assert!(
+            late.iter().all(|&t| t <= 16) && changes * 10 <= late.len() * 4,
+            "wandered on noise ({changes} changes): {seen:?}"
+        );
+        let mut c = Climb::new(8, 64);
+        for _ in 0..30 {
+            let t = c.target as f64;
+            c.step(50.0 * t.min(48.0) * noisy());
+        }
+        assert!(c.target >= 32, "missed a real gain: {}", c.target);
+    }
+
     /// Writes dominate on a share with latency per request too, but there
     /// every step up pays: the climb goes on to the top.
     #[test]
     fn a_target_with_latency_to_hide_gets_many_streams() {
         let mut c = Climb::new(8, 64);
-        c.saturated = true;
         let share = |n: usize| 100.0 * (n.min(48) as f64);
         for _ in 0..10 {
             let t = c.target;
