@@ -224,13 +224,14 @@ def main():
     print(render(results))
 
 
-def save(results, stamp):
+def save(results, stamp, name="", render_fn=None):
+    """bench/results/{name}{stamp}.json and .md (rendered by render_fn)."""
     out_dir = os.path.join(HERE, "results")
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"{stamp}.json"), "w") as f:
+    with open(os.path.join(out_dir, f"{name}{stamp}.json"), "w") as f:
         json.dump(results, f, indent=1)
-    with open(os.path.join(out_dir, f"{stamp}.md"), "w") as f:
-        f.write(render(results))
+    with open(os.path.join(out_dir, f"{name}{stamp}.md"), "w") as f:
+        f.write((render_fn or render)(results))
 
 
 def render(results):

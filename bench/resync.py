@@ -248,18 +248,10 @@ def main():
             res["disk"] = j["jobs"][0]["read"]["bw_bytes"] / 1e6
         for name in a.scenarios.split(","):
             res["scenarios"][name] = fns[name](scratch, a.data, a.repeat)
-            save(res, stamp)
+            bench.save(res, stamp, "resync-", render)
     finally:
         scratch.close()
     print(render(res))
-
-
-def save(res, stamp):
-    d = os.path.join(bench.HERE, "results")
-    with open(os.path.join(d, f"resync-{stamp}.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    with open(os.path.join(d, f"resync-{stamp}.md"), "w") as f:
-        f.write(render(res))
 
 
 if __name__ == "__main__":

@@ -195,26 +195,17 @@ def main():
                 finally:
                     if source == "tmpfs":
                         bench.sh(f"umount {TMPFS}", check=False)
-                save(results, stamp)
+                bench.save(results, stamp, "tune-", render)
         if not a.skip_latency:
             src = os.path.join(a.data, f"dense{a.latency_files}")
             if not os.path.exists(src):
                 bench.sh(f"python3 {bench.HERE}/gen.py dense {src}.part --files {a.latency_files} && mv {src}.part {src}")
             files, nbytes = bench.tree_size(src)
             results["latency"] = dict(latency(scratch, src, a.repeat, [8, 16, 32, 64]), files=files, bytes=nbytes)
-            save(results, stamp)
+            bench.save(results, stamp, "tune-", render)
     finally:
         scratch.close()
     print(render(results))
-
-
-def save(results, stamp):
-    out = os.path.join(bench.HERE, "results")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"tune-{stamp}.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(out, f"tune-{stamp}.md"), "w") as f:
-        f.write(render(results))
 
 
 def trace_text(traces):

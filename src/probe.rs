@@ -97,15 +97,15 @@ pub fn run(args: &ProbeArgs) -> ExitCode {
         }
         let mut tried = |n: usize, chunk: u64| {
             seq += 1;
-            let t = trial(
-                args,
-                &scratch.join(format!("trial-{seq}")),
-                n,
-                chunk,
-                class,
-                cold,
-            )?;
-            if t.files > 0 {
+            let out = scratch.join(format!("trial-{seq}"));
+            let t = trial(args, &out, n, chunk, class, cold);
+            // Removed at once, and in parallel: on a target with latency
+            // per request, removing it one entry at a time took longer than
+            // the trials; kept until the end, big files' trials filled the
+            // disk (each holds its file's full size, allocated up front).
+            remove_tree(&out, 32);
+            let t = t?;
+            if t.files > 0 || t.bytes_per_s > 0.0 {
                 report(args.json, class.label, &t);
             }
             Some(t)
@@ -161,10 +161,6 @@ pub fn run(args: &ProbeArgs) -> ExitCode {
         }
         picks.push((class, pick));
     }
-    // Trials keep their output until the end, so that each starts into
-    // the same DST, and it all goes at once, in parallel: on a target with
-    // latency per request, removing it one entry at a time took longer
-    // than the trials.
     remove_tree(&scratch, 32);
     for (class, p) in &picks {
         let Some(p) = p else { continue };
@@ -257,6 +253,10 @@ fn trial(
     };
     let start = Instant::now();
     let res = sluice_engine::copy(&args.src, out, opts, stats.clone(), Arc::new(Quiet), cancel);
+    // Until the data is on the disk: a page cache that absorbs two seconds
+    // of writes would make every stream count look alike (into a fresh
+    // ext4 from tmpfs, 2 streams looked best and were 15% slower in full).
+    let _ = sluice_engine::sync_file_system(out.parent().unwrap_or(out));
     let secs = start.elapsed().as_secs_f64().max(1e-3);
     let outcome = match res {
         Ok(o) => o,

@@ -47,6 +47,13 @@ pub fn can_drop_caches() -> bool {
     sluice_sys::is_root()
 }
 
+/// Writes out everything dirty on the file system holding `path` (a trial
+/// of `sluice probe` counts the time its data takes to reach the disk).
+pub fn sync_file_system(path: &std::path::Path) -> std::io::Result<()> {
+    let dir = std::fs::File::open(path)?;
+    Ok(sluice_sys::sync_fs(std::os::fd::AsFd::as_fd(&dir))?)
+}
+
 /// Writes dirty data out and drops the page cache.
 pub fn drop_caches() {
     sluice_sys::drop_caches()

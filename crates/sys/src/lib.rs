@@ -373,6 +373,11 @@ pub fn sync(fd: BorrowedFd<'_>) -> Result<()> {
     rustix::fs::fsync(fd)
 }
 
+/// `syncfs`: everything dirty on the file system holding `fd`.
+pub fn sync_fs(fd: BorrowedFd<'_>) -> Result<()> {
+    rustix::fs::syncfs(fd)
+}
+
 /// `fdatasync`: the data and what is needed to read it back (size,
 /// allocated extents), not the times.
 pub fn sync_data(fd: BorrowedFd<'_>) -> Result<()> {
