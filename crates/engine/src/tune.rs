@@ -109,6 +109,16 @@ impl Climb {
         self.before = self.before.min(self.max);
     }
 
+    /// Starts again at `n`, forgetting the last measurement (it was taken
+    /// under another ceiling).
+    pub fn restart_at(&mut self, n: usize) {
+        self.target = n.clamp(1, self.max);
+        self.before = self.target;
+        self.measured_at = self.target;
+        self.last = None;
+        self.flat = 0;
+    }
+
     /// A climber that tries fewer first: for the chunk limit, where
     /// streams not needed by big files are worth more to small ones.
     pub fn descending(start: usize, max: usize) -> Climb {
@@ -281,8 +291,14 @@ pub fn run<T>(
         let cb = stats.chunk_bytes.load(Relaxed);
         let chunk_rate = (cb - chunk_bytes) as f64 / secs;
         chunk_bytes = cb;
+        // A chunk limit the second climber has not lowered follows the
+        // stream count up: in a job of big files only, the first climber
+        // is the one that adds streams for chunks.
+        let follows = chunks.target >= held;
         chunks.set_max(next);
-        if next == held && chunked_before && queue.chunk_work() > 0 && chunk_rate > 0.0 {
+        if follows && next > held {
+            chunks.restart_at(next);
+        } else if next == held && chunked_before && queue.chunk_work() > 0 && chunk_rate > 0.0 {
             chunks.cpu_bound = climb.cpu_bound;
             chunks.step(chunk_rate);
         }
