@@ -172,6 +172,14 @@ impl Climb {
         let margin = 1.0 + self.threshold();
         if score > last * margin {
             self.flat = 0;
+            // A step up that paid nearly in proportion (doubling the
+            // streams gave +60% or more: a target with latency to hide)
+            // is followed by a bigger one; the climb to 64 streams took 4
+            // of a 10-second job's seconds on the 1 ms share.
+            let ratio = self.target as f64 / self.before.max(1) as f64;
+            if self.dir > 0 && ratio >= 1.5 && score > last * (1.0 + 0.6 * (ratio - 1.0)) {
+                self.factor = (self.factor * 2.0).min(4.0);
+            }
             self.move_on()
         } else if self.dir > 0 && self.target != self.before {
             // More streams did no better (or worse): take the step back,
@@ -257,13 +265,17 @@ pub fn run<T>(
     let mut trace = vec![gate.target() as u32];
     let mut chunk_trace = trace.clone();
     let mut warming_up = true;
+    let mut climbing = true;
     let (mut before, mut at) = (units(stats), Instant::now());
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let mut cpu = sluice_sys::process_cpu_time();
     while !done.load(Relaxed) {
         // Short naps, so the end of the job is not held up by the tuner.
+        // Half-length windows while the first climb keeps paying: on a
+        // share, every second spent at too few streams costs most.
+        let window = if climbing { interval / 2 } else { interval };
         let nap = Instant::now();
-        while nap.elapsed() < interval && !done.load(Relaxed) {
+        while nap.elapsed() < window && !done.load(Relaxed) {
             std::thread::sleep(Duration::from_millis(5));
         }
         let chunked_before = queue.chunk_work() > 0;
@@ -286,6 +298,7 @@ pub fn run<T>(
         }
         let held = climb.target;
         let next = climb.step(score);
+        climbing &= next > held;
         gate.set(next);
         trace.push(next as u32);
         let cb = stats.chunk_bytes.load(Relaxed);
@@ -414,6 +427,14 @@ mod tests {
             c.step(share(t));
         }
         assert!(c.target >= 32, "stopped at {}", c.target);
+        // and gets there fast: near-linear gains take bigger steps
+        let mut c = Climb::new(8, 64);
+        let mut seen = vec![c.target];
+        for _ in 0..3 {
+            let t = c.target;
+            seen.push(c.step(share(t)));
+        }
+        assert_eq!(seen, [8, 16, 64, 64], "too slow a climb");
     }
 
     #[test]
