@@ -71,6 +71,18 @@ class Scratch:
         os.unlink(self.img)
 
 
+def need_root(script):
+    if os.geteuid() != 0:
+        sys.exit(f"{script} needs root: it mounts file systems and drops the page cache")
+
+
+def dataset(path, shape, extra=""):
+    """Generates `shape` at `path` (bench/gen.py) unless it is there already."""
+    if not os.path.exists(path):
+        sh(f"python3 {HERE}/gen.py {shape} {path}.part {extra} && mv {path}.part {path}")
+    return path
+
+
 def drop_caches():
     sh("sync; echo 3 > /proc/sys/vm/drop_caches")
 
@@ -163,8 +175,7 @@ def main():
     p.add_argument("--no-fio", action="store_true")
     p.add_argument("--repeat", type=int, default=3, help="runs per tool; the median is reported")
     a = p.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("bench.py needs root: it mounts file systems and drops the page cache")
+    need_root("bench.py")
     install_peers()
     os.makedirs(a.data, exist_ok=True)
     scratch = Scratch(os.path.join(a.data, "scratch-dst.img"), 40)
@@ -186,11 +197,9 @@ def main():
             save(results, stamp)
             print("disk:", results["disk"], flush=True)
         for shape in a.shapes.split(","):
-            src = os.path.join(a.data, shape + ("-quick" if a.quick else ""))
-            if not os.path.exists(src):
-                extra = {"dense": "--files 2000", "mixed": "--files 300", "huge": "--size 268435456",
-                         "onedir": "--files 20000"}[shape] if a.quick else ""
-                sh(f"python3 {HERE}/gen.py {shape} {src}.part {extra} && mv {src}.part {src}")
+            extra = {"dense": "--files 2000", "mixed": "--files 300", "huge": "--size 268435456",
+                     "onedir": "--files 20000"}[shape] if a.quick else ""
+            src = dataset(os.path.join(a.data, shape + ("-quick" if a.quick else "")), shape, extra)
             files, nbytes = tree_size(src)
             chosen = [(n, c) for n, c in tools(shape, src, f"{MNT}/out") if not a.tools or n in a.tools.split(",")]
             runs = {n: [] for n, _ in chosen}

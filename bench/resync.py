@@ -225,13 +225,10 @@ def main():
     p.add_argument("--data", default="/work/bench-data")
     p.add_argument("--repeat", type=int, default=3)
     a = p.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("resync.py needs root: it mounts file systems and drops the page cache")
+    bench.need_root("resync.py")
     bench.install_peers()
     for shape in ("dense", "mixed", "huge"):
-        path = os.path.join(a.data, shape)
-        if not os.path.exists(path):
-            bench.sh(f"python3 {bench.HERE}/gen.py {shape} {path}.part && mv {path}.part {path}")
+        bench.dataset(os.path.join(a.data, shape), shape)
     scratch = bench.Scratch(os.path.join(a.data, "scratch-dst.img"), 40)
     res = {"machine": {
         "date": datetime.date.today().isoformat(), "kernel": os.uname().release, "cpus": os.cpu_count(),

@@ -160,8 +160,7 @@ def main():
     p.add_argument("--skip-probe", action="store_true")
     p.add_argument("--latency-files", type=int, default=20000)
     a = p.parse_args()
-    if os.geteuid() != 0:
-        sys.exit("tune.py needs root: it mounts file systems and drops the page cache")
+    bench.need_root("tune.py")
     bench.sh(f"cd {bench.ROOT} && cargo build --release --workspace -q")
     fixed = [int(x) for x in a.jobs.split(",")]
     settings = ["auto"] + fixed
@@ -177,9 +176,7 @@ def main():
     scratch = bench.Scratch(os.path.join(a.data, "scratch-dst.img"), 40)
     try:
         for shape in a.shapes.split(","):
-            data = os.path.join(a.data, shape)
-            if not os.path.exists(data):
-                bench.sh(f"python3 {bench.HERE}/gen.py {shape} {data}.part && mv {data}.part {data}")
+            data = bench.dataset(os.path.join(a.data, shape), shape)
             files, nbytes = bench.tree_size(data)
             for source in a.sources.split(","):
                 src = data
@@ -197,9 +194,8 @@ def main():
                         bench.sh(f"umount {TMPFS}", check=False)
                 bench.save(results, stamp, "tune-", render)
         if not a.skip_latency:
-            src = os.path.join(a.data, f"dense{a.latency_files}")
-            if not os.path.exists(src):
-                bench.sh(f"python3 {bench.HERE}/gen.py dense {src}.part --files {a.latency_files} && mv {src}.part {src}")
+            src = bench.dataset(os.path.join(a.data, f"dense{a.latency_files}"), "dense",
+                                f"--files {a.latency_files}")
             files, nbytes = bench.tree_size(src)
             results["latency"] = dict(latency(scratch, src, a.repeat, [8, 16, 32, 64]), files=files, bytes=nbytes)
             bench.save(results, stamp, "tune-", render)

@@ -123,6 +123,9 @@ pub struct JobArgs {
     /// Never show a progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// The saved probe for this pair, looked up once.
+    #[arg(skip)]
+    saved: std::cell::OnceCell<Option<crate::saved::Saved>>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -268,11 +271,13 @@ impl JobArgs {
 
 impl JobArgs {
     /// A probe saved for this pair, which `-j auto` starts from.
-    pub fn saved_probe(&self) -> Option<crate::saved::Saved> {
-        match self.jobs {
-            None | Some(Jobs::Auto) => crate::saved::find(&self.src, &self.dst),
-            Some(Jobs::Fixed(_)) => None,
-        }
+    pub fn saved_probe(&self) -> Option<&crate::saved::Saved> {
+        self.saved
+            .get_or_init(|| match self.jobs {
+                None | Some(Jobs::Auto) => crate::saved::find(&self.src, &self.dst),
+                Some(Jobs::Fixed(_)) => None,
+            })
+            .as_ref()
     }
 }
 

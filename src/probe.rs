@@ -45,7 +45,6 @@ struct Trial {
 /// A kind of work, tried apart from the other.
 struct Class {
     label: &'static str,
-    key: &'static str,
     window: (u64, u64),
     /// Judged by files/s (else by bytes/s).
     by_files: bool,
@@ -54,13 +53,11 @@ struct Class {
 const CLASSES: [Class; 2] = [
     Class {
         label: "small files (< 1 MiB)",
-        key: "small",
         window: (0, 1 << 20),
         by_files: true,
     },
     Class {
         label: "big files (>= 1 MiB)",
-        key: "big",
         window: (1 << 20, u64::MAX),
         by_files: false,
     },
@@ -182,17 +179,13 @@ pub fn run(args: &ProbeArgs) -> ExitCode {
         }
     }
     if args.save {
+        // CLASSES is small files, then big files.
+        let (small, big) = (&picks[0].1, &picks[1].1);
         let rec = crate::saved::Saved::new(
             &args.src,
             &args.dst,
-            picks
-                .iter()
-                .find(|(c, _)| c.key == "small")
-                .and_then(|(_, p)| p.as_ref().map(|p| p.streams)),
-            picks
-                .iter()
-                .find(|(c, _)| c.key == "big")
-                .and_then(|(_, p)| p.as_ref().map(|p| (p.streams, p.chunk_size))),
+            small.as_ref().map(|p| p.streams),
+            big.as_ref().map(|p| (p.streams, p.chunk_size)),
         );
         match rec.and_then(|r| crate::saved::save(&r)) {
             Ok(path) if args.json => println!("{}", json!({"type": "saved", "path": path})),

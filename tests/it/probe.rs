@@ -80,6 +80,27 @@ fn probe_measures_both_kinds_of_work_recommends_and_leaves_nothing() {
         stdout(&later)
     );
     assert_same_tree(&src, &t.path().join("later"));
+    // The start really comes from the file (the recommendation above may
+    // happen to equal the default of 8): rewrite it and look again.
+    let text = fs::read_to_string(path).unwrap();
+    let mut recs: serde_json::Value = serde_json::from_str(&text).unwrap();
+    recs[0]["small_streams"] = 3.into();
+    recs[0]["big_streams"] = serde_json::Value::Null;
+    fs::write(path, recs.to_string()).unwrap();
+    let edited = sluice()
+        .args(["copy", "--json"])
+        .arg(&src)
+        .arg(t.path().join("edited"))
+        .env("XDG_STATE_HOME", &state)
+        .output()
+        .unwrap();
+    ok(&edited);
+    assert_eq!(
+        summary(&edited)["streams_trace"][0],
+        3,
+        "{}",
+        stdout(&edited)
+    );
     let pinned = sluice()
         .args(["copy", "--json", "-j", "3"])
         .arg(&src)

@@ -91,10 +91,9 @@ pub struct Climb {
     before: usize,
     /// The target the last score was measured at.
     measured_at: usize,
-    /// Typical relative change between two seconds at one target, and how
-    /// many such pairs it was learnt from.
-    noise: f64,
-    holds: u32,
+    /// Typical relative change between two windows at one target, once
+    /// one such pair has been seen.
+    noise: Option<f64>,
     /// Set by the caller when the process used (nearly) all the CPUs it
     /// may: then no step goes up, since more streams would only queue for
     /// a core (a copy between two RAM-backed file systems).
@@ -139,8 +138,7 @@ impl Climb {
             before: start.clamp(1, max),
             cpu_bound: false,
             measured_at: start.clamp(1, max),
-            noise: 0.0,
-            holds: 0,
+            noise: None,
         }
     }
 
@@ -162,12 +160,7 @@ impl Climb {
         };
         if !moved && last > 0.0 {
             let change = (score / last - 1.0).abs();
-            self.noise = if self.holds == 0 {
-                change
-            } else {
-                0.7 * self.noise + 0.3 * change
-            };
-            self.holds += 1;
+            self.noise = Some(self.noise.map_or(change, |n| 0.7 * n + 0.3 * change));
         }
         let margin = 1.0 + self.threshold();
         if score > last * margin {
@@ -214,11 +207,7 @@ impl Climb {
 
     /// The relative change that counts as a real one.
     fn threshold(&self) -> f64 {
-        if self.holds == 0 {
-            0.10
-        } else {
-            (2.5 * self.noise).clamp(0.10, 0.50)
-        }
+        self.noise.map_or(0.10, |n| (2.5 * n).clamp(0.10, 0.50))
     }
 
     fn move_on(&mut self) -> usize {
@@ -250,8 +239,9 @@ fn units(stats: &Stats) -> f64 {
 /// Runs the tuner until `done` is set. The process's CPU time tells it
 /// when the cores are the limit: then it does not go up at all. (The
 /// gauge cannot: a saturated disk and a share with latency to hide both
-/// show streams writing; only a step up tells them apart.) Returns the stream targets it set and the chunk limits, each after the
-/// one it started from.
+/// show streams writing; only a step up tells them apart.) Returns the
+/// stream targets it set and the chunk limits, each after the one it
+/// started from.
 pub fn run<T>(
     gate: &Gate,
     queue: &Queue<T>,
@@ -288,8 +278,8 @@ pub fn run<T>(
             break;
         }
         if warming_up {
-            // The first second holds the start of the walk and a cold
-            // cache: as a baseline it made every second look like a gain.
+            // The first window holds the start of the walk and a cold
+            // cache: as a baseline it made every later one look like a gain.
             warming_up = false;
             trace.push(climb.target as u32);
             chunk_trace.push(chunks.target as u32);
