@@ -2,6 +2,7 @@
 
 use crate::size::{parse_rate, parse_size};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use sluice_engine::image::ImageOptions;
 use sluice_engine::{Check, CopyOptions, Filter, HashKind, Reflink};
 use std::path::PathBuf;
 
@@ -24,8 +25,9 @@ pub enum Command {
     Sync(SyncArgs),
     /// Compare SRC and DST content (and metadata); change nothing.
     Verify(VerifyArgs),
-    /// Block-level copy of a device or image file (not implemented yet).
-    Image(Rest),
+    /// Block-level copy of a block device or image file; run again, it
+    /// writes only the chunks that changed.
+    Image(ImageArgs),
     /// Keep DST current as SRC changes (not implemented yet).
     Watch(Rest),
     /// Measure throughput at 1, 2, 4, 8... streams and recommend a count.
@@ -218,6 +220,74 @@ pub struct ProbeArgs {
     /// later `-j auto` jobs between these file systems start from it.
     #[arg(long)]
     pub save: bool,
+}
+
+#[derive(Args)]
+pub struct ImageArgs {
+    /// Block device or image file to read.
+    pub src: PathBuf,
+    /// Image file or block device to write (DST/name if DST is a directory).
+    pub dst: PathBuf,
+    /// Parallel streams [default: 4].
+    #[arg(short = 'j', long = "jobs", value_name = "N")]
+    pub jobs: Option<usize>,
+    /// Unit of comparison and copy; the chunk map keeps one hash per chunk
+    /// [default: 4M].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub chunk_size: Option<u64>,
+    /// Read and write with O_DIRECT, bypassing the page cache.
+    #[arg(long)]
+    pub direct: bool,
+    /// Do not trust the chunk map: compare with DST's data and rebuild the map.
+    #[arg(long)]
+    pub rehash: bool,
+    /// Image a block device even while it is mounted read-write (the copy
+    /// may be inconsistent; image a snapshot instead).
+    #[arg(long)]
+    pub allow_mounted: bool,
+    /// Where to keep the chunk map [default: DST.sluice-map beside a file
+    /// DST; for a block device, under ~/.local/state/sluice/maps].
+    #[arg(long, value_name = "PATH")]
+    pub map: Option<PathBuf>,
+    /// Count the chunks that would be written; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Move at most RATE bytes per second (e.g. 100MB/s).
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub bwlimit: Option<u64>,
+    /// The most memory the job may use [default: an eighth of RAM].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub mem_limit: Option<u64>,
+    /// Print one JSON object per line on stdout; the last is the summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Show a progress bar even when stderr is not a terminal.
+    #[arg(long, overrides_with = "no_progress")]
+    pub progress: bool,
+    /// Never show a progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+impl ImageArgs {
+    pub fn options(&self) -> Result<ImageOptions, String> {
+        let defaults = ImageOptions::default();
+        if self.jobs == Some(0) {
+            return Err("--jobs must be at least 1".into());
+        }
+        Ok(ImageOptions {
+            jobs: self.jobs.unwrap_or(defaults.jobs),
+            chunk_size: self.chunk_size.unwrap_or(defaults.chunk_size),
+            direct: self.direct,
+            rehash: self.rehash,
+            allow_mounted: self.allow_mounted,
+            map: self.map.clone(),
+            dry_run: self.dry_run,
+            bwlimit: self.bwlimit,
+            mem_limit: self.mem_limit.unwrap_or(defaults.mem_limit),
+            ..defaults
+        })
+    }
 }
 
 #[derive(Args)]

@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod image;
 mod output;
 mod probe;
 mod saved;
@@ -40,6 +41,23 @@ fn main() -> ExitCode {
             output::run_job(&c.copy.job, Kind::Copy { dry_run }, opts)
         }
         args::Command::Probe(c) => probe::run(&c),
+        args::Command::Image(c) => image::run(&c),
+        args::Command::Verify(c) if image::is_image_pair(&c.job.src, &c.job.dst) => {
+            let opts = sluice_engine::image::ImageOptions {
+                check: true,
+                jobs: match c.job.jobs {
+                    Some(args::Jobs::Fixed(n)) => n.max(1),
+                    _ => sluice_engine::image::IMAGE_JOBS,
+                },
+                ..Default::default()
+            };
+            let show = image::Show {
+                json: c.job.json,
+                progress: c.job.progress,
+                no_progress: c.job.no_progress,
+            };
+            image::run_with(&c.job.src, &c.job.dst, opts, &show)
+        }
         args::Command::Verify(c) => {
             let opts = c.options();
             output::run_job(&c.job, Kind::Verify, opts)

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 /// Prints entry failures as they happen: a line on stderr, and with
 /// `--json` an object on stdout.
-struct Printer {
+pub struct Printer {
     json: bool,
     bar: Mutex<Option<ProgressBar>>,
 }
@@ -63,6 +63,13 @@ impl Reporter for Printer {
 }
 
 impl Printer {
+    pub fn new(json: bool) -> Arc<Printer> {
+        Arc::new(Printer {
+            json,
+            bar: Mutex::new(None),
+        })
+    }
+
     /// A line on stderr that does not tear the progress bar.
     fn say(&self, msg: &str) {
         match &*self.bar.lock().expect("bar lock") {
@@ -98,60 +105,24 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
             saved.dst.display()
         );
     }
-    let cancel = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        let _ = signal_hook::flag::register(sig, cancel.clone());
-    }
+    let cancel = cancel_on_signals();
     let stats = Arc::new(Stats::default());
-    let show_bar = !args.no_progress && (args.progress || std::io::stderr().is_terminal());
-    let printer = Arc::new(Printer {
-        json: args.json,
-        bar: Mutex::new(None),
-    });
+    let printer = Printer::new(args.json);
     let start = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
-    // On a terminal a redrawn bar; when --progress is forced onto a pipe
-    // or file, one plain line every few seconds instead.
-    let on_terminal = std::io::stderr().is_terminal();
+    let show_bar = !args.no_progress && (args.progress || std::io::stderr().is_terminal());
     let ticker = show_bar.then(|| {
-        let bar = on_terminal.then(|| {
-            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(5));
-            bar.set_style(
-                ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}")
-                    .expect("valid template"),
-            );
-            *printer.bar.lock().expect("bar lock") = Some(bar.clone());
-            bar
-        });
-        let (stats, done) = (stats.clone(), done.clone());
-        std::thread::spawn(move || {
-            // The walk runs alongside the copy, so totals grow until it is
-            // over; an ETA is shown only once they held still for a second.
-            let (mut last_found, mut still_since) = (u64::MAX, Instant::now());
-            let mut last_line = Instant::now();
-            while !done.load(Relaxed) {
-                let found = stats.entries_found.load(Relaxed);
-                if found != last_found {
-                    (last_found, still_since) = (found, Instant::now());
-                }
-                let walk_settled = still_since.elapsed() >= Duration::from_secs(1);
-                let line = progress_line(&stats, start.elapsed(), walk_settled);
-                match &bar {
-                    Some(bar) => {
-                        bar.set_message(line);
-                        bar.tick();
-                    }
-                    None if last_line.elapsed() >= Duration::from_secs(5) => {
-                        eprintln!("sluice: {line}");
-                        last_line = Instant::now();
-                    }
-                    None => {}
-                }
-                std::thread::sleep(Duration::from_millis(200));
+        let stats = stats.clone();
+        // The walk runs alongside the copy, so totals grow until it is
+        // over; an ETA is shown only once they held still for a second.
+        let (mut last_found, mut still_since) = (u64::MAX, Instant::now());
+        progress(&printer, done.clone(), move || {
+            let found = stats.entries_found.load(Relaxed);
+            if found != last_found {
+                (last_found, still_since) = (found, Instant::now());
             }
-            if let Some(bar) = bar {
-                bar.finish_and_clear();
-            }
+            let walk_settled = still_since.elapsed() >= Duration::from_secs(1);
+            progress_line(&stats, start.elapsed(), walk_settled)
         })
     });
     let result = sluice_engine::copy(
@@ -196,6 +167,55 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
     ExitCode::from(code)
 }
 
+/// A flag set by SIGINT or SIGTERM: the job stops at its next boundary.
+pub fn cancel_on_signals() -> Arc<AtomicBool> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let _ = signal_hook::flag::register(sig, cancel.clone());
+    }
+    cancel
+}
+
+/// Draws `line()` until `done`: on a terminal a redrawn bar; when
+/// --progress is forced onto a pipe or file, one plain line every few
+/// seconds instead.
+pub fn progress(
+    printer: &Printer,
+    done: Arc<AtomicBool>,
+    mut line: impl FnMut() -> String + Send + 'static,
+) -> std::thread::JoinHandle<()> {
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(5));
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}")
+                .expect("valid template"),
+        );
+        *printer.bar.lock().expect("bar lock") = Some(bar.clone());
+        bar
+    });
+    std::thread::spawn(move || {
+        let mut last_line = Instant::now();
+        while !done.load(Relaxed) {
+            let line = line();
+            match &bar {
+                Some(bar) => {
+                    bar.set_message(line);
+                    bar.tick();
+                }
+                None if last_line.elapsed() >= Duration::from_secs(5) => {
+                    eprintln!("sluice: {line}");
+                    last_line = Instant::now();
+                }
+                None => {}
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+    })
+}
+
 /// A per-second rate with sensible precision (`0.3`, `12`, `9285`).
 fn per_s(n: f64, elapsed: Duration) -> String {
     let r = rate(n, elapsed);
@@ -206,7 +226,7 @@ fn per_s(n: f64, elapsed: Duration) -> String {
     }
 }
 
-fn rate(n: f64, elapsed: Duration) -> f64 {
+pub fn rate(n: f64, elapsed: Duration) -> f64 {
     let s = elapsed.as_secs_f64();
     if s > 0.0 {
         n / s
@@ -283,32 +303,33 @@ pub fn summary_json(s: &Summary, outcome: &str, kind: Kind) -> serde_json::Value
         unreachable!("both are objects")
     };
     m.extend(r);
-    let b = &s.busy;
-    let secs3 = |x: f64| (x * 1000.0).round() / 1000.0;
-    m.insert(
-        "stream_seconds".into(),
-        json!({
-            "walk": secs3(b.walk),
-            "read": secs3(b.read),
-            "write": secs3(b.write),
-            "kernel_copy": secs3(b.copy),
-            "journal_wait": secs3(b.journal),
-            "idle": secs3(b.idle),
-            "parked": secs3(b.parked),
-        }),
-    );
+    m.insert("stream_seconds".into(), busy_json(&s.busy));
     m.insert("streams".into(), json!(s.streams));
     if !s.streams_trace.is_empty() {
         m.insert("streams_trace".into(), json!(s.streams_trace));
         m.insert("chunk_streams_trace".into(), json!(s.chunk_streams_trace));
     }
-    m.insert("bottleneck".into(), json!(b.verdict()));
+    m.insert("bottleneck".into(), json!(s.busy.verdict()));
     m.insert("max_rss_bytes".into(), json!(s.peak_rss));
     v
 }
 
+/// Stream-seconds per activity, for `--json`.
+pub fn busy_json(b: &Busy) -> serde_json::Value {
+    let secs3 = |x: f64| (x * 1000.0).round() / 1000.0;
+    json!({
+        "walk": secs3(b.walk),
+        "read": secs3(b.read),
+        "write": secs3(b.write),
+        "kernel_copy": secs3(b.copy),
+        "journal_wait": secs3(b.journal),
+        "idle": secs3(b.idle),
+        "parked": secs3(b.parked),
+    })
+}
+
 /// Where the streams' time went, as shares, and the verdict.
-fn busy_line(b: &Busy) -> String {
+pub fn busy_line(b: &Busy) -> String {
     let total = b.total();
     if total <= 0.0 {
         return String::new();

@@ -116,15 +116,7 @@ fn identify(path: &Path) -> io::Result<(PathBuf, u64)> {
 }
 
 fn file() -> io::Result<PathBuf> {
-    let state = match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
-        Some(s) => PathBuf::from(s),
-        None => std::env::var_os("HOME")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .ok_or_else(|| io::Error::other("no $HOME to keep the probe in"))?
-            .join(".local/state"),
-    };
-    Ok(state.join("sluice").join("probes.json"))
+    Ok(sluice_engine::state_dir()?.join("probes.json"))
 }
 
 fn load(path: &Path) -> Vec<Saved> {

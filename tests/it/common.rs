@@ -490,3 +490,122 @@ pub fn under_strace(
         .arg(dst);
     Some(cmd)
 }
+
+/// A loop device over `file`, detached on drop.
+pub struct LoopDev {
+    pub dev: PathBuf,
+}
+
+impl LoopDev {
+    /// Attaches one; `None` (with the reason printed) when not root or
+    /// losetup is missing.
+    pub fn new(file: &Path) -> Option<LoopDev> {
+        if !is_root() || !have("losetup") {
+            eprintln!("skipped: loop devices need root and losetup");
+            return None;
+        }
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(file)
+            .output()
+            .ok()?;
+        if !out.status.success() {
+            eprintln!(
+                "skipped: losetup failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return None;
+        }
+        let dev = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        Some(LoopDev { dev })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dev
+    }
+}
+
+impl Drop for LoopDev {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
+    }
+}
+
+/// `what` (a device or image file) mounted on a new directory with
+/// `options`, unmounted on drop.
+pub struct Mounted {
+    pub dir: tempfile::TempDir,
+}
+
+impl Mounted {
+    pub fn new(what: &Path, options: &str) -> Mounted {
+        let dir = disk_dir("mnt");
+        assert!(
+            run(
+                "mount",
+                &[
+                    "-o",
+                    options,
+                    what.to_str().unwrap(),
+                    dir.path().to_str().unwrap()
+                ]
+            ),
+            "mount {} failed",
+            what.display()
+        );
+        Mounted { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.dir.path()).status();
+    }
+}
+
+/// Runs `cmd` to its exit and returns its output with the process's
+/// `/proc/PID/io` counters, read while it is a zombie (after it exited,
+/// before it is reaped), so they cover its whole life.
+pub fn output_with_io(mut cmd: Command) -> (Output, HashMap<String, u64>) {
+    use rustix::process::{waitid, Pid, WaitId, WaitIdOptions};
+    use std::io::Read;
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        stderr.read_to_end(&mut v).unwrap();
+        v
+    });
+    let mut out = Vec::new();
+    stdout.read_to_end(&mut out).unwrap();
+    let pid = Pid::from_raw(child.id() as i32).unwrap();
+    waitid(
+        WaitId::Pid(pid),
+        WaitIdOptions::EXITED | WaitIdOptions::NOWAIT,
+    )
+    .expect("waitid");
+    let io = fs::read_to_string(format!("/proc/{}/io", child.id())).unwrap_or_default();
+    let counters = io
+        .lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            Some((k.trim().to_string(), v.trim().parse().ok()?))
+        })
+        .collect();
+    let status = child.wait().unwrap();
+    let output = Output {
+        status,
+        stdout: out,
+        stderr: err.join().unwrap(),
+    };
+    (output, counters)
+}

@@ -6,6 +6,7 @@ mod common;
 mod copy;
 mod faults;
 mod fs;
+mod image;
 mod limits;
 mod probe;
 mod resume;

@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod budget;
+mod chunkmap;
 pub mod compare;
 mod copy;
 mod delete;
@@ -24,6 +25,7 @@ mod delta;
 pub mod error;
 mod existing;
 pub mod gauge;
+pub mod image;
 mod job;
 mod journal;
 pub mod plan;
@@ -57,4 +59,25 @@ pub fn sync_file_system(path: &std::path::Path) -> std::io::Result<()> {
 /// Writes dirty data out and drops the page cache.
 pub fn drop_caches() {
     sluice_sys::drop_caches()
+}
+
+/// Where sluice keeps state between runs that belongs to no DST (saved
+/// probes, chunk maps of block devices): `$XDG_STATE_HOME/sluice`, by
+/// default `~/.local/state/sluice`.
+pub fn state_dir() -> std::io::Result<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let state = match std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+        Some(s) => PathBuf::from(s),
+        None => std::env::var_os("HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .ok_or_else(|| std::io::Error::other("no $HOME to keep state in"))?
+            .join(".local/state"),
+    };
+    Ok(state.join("sluice"))
+}
+
+/// The most memory this process had resident, in bytes.
+pub fn peak_rss() -> u64 {
+    sluice_sys::peak_rss()
 }

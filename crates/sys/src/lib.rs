@@ -368,6 +368,39 @@ pub fn preallocate(fd: BorrowedFd<'_>, len: u64) -> Result<()> {
     }
 }
 
+/// Opens a block device or image file named by the user (symlinks
+/// followed, as for any root), read-only or read-write. With `excl`, for a
+/// block device only: `O_EXCL`, which fails with `EBUSY` while the device
+/// is mounted or held by another exclusive opener.
+pub fn open_image(path: &std::path::Path, write: bool, excl: bool) -> Result<OwnedFd> {
+    let mut flags = OFlags::CLOEXEC | OFlags::NOCTTY;
+    flags |= if write { OFlags::RDWR } else { OFlags::RDONLY };
+    if excl {
+        flags |= OFlags::EXCL;
+    }
+    rustix::fs::open(path, flags, Mode::empty())
+}
+
+/// The size of an open file or block device, from seeking to its end
+/// (`statx` reports 0 for block devices).
+pub fn end_of(fd: BorrowedFd<'_>) -> Result<u64> {
+    rustix::fs::seek(fd, rustix::fs::SeekFrom::End(0))
+}
+
+/// Makes `[off, off + len)` read as zeros without writing them: punches a
+/// hole in a file (keeping its size), or asks a block device to zero the
+/// range (`BLKZEROOUT` through `fallocate`). `EOPNOTSUPP` and `EINVAL`
+/// mean the caller must write zeros itself.
+pub fn zero_range(fd: BorrowedFd<'_>, off: u64, len: u64, device: bool) -> Result<()> {
+    use rustix::fs::FallocateFlags as F;
+    let mode = if device {
+        F::ZERO_RANGE | F::KEEP_SIZE
+    } else {
+        F::PUNCH_HOLE | F::KEEP_SIZE
+    };
+    rustix::fs::fallocate(fd, mode, off, len)
+}
+
 /// `fsync`.
 pub fn sync(fd: BorrowedFd<'_>) -> Result<()> {
     rustix::fs::fsync(fd)

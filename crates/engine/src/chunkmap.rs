@@ -1,0 +1,270 @@
+//! The chunk map of an image: for each chunk of DST, the hash of the source
+//! data it holds and the generation (run) that wrote it, plus a header
+//! saying how DST looked when the last run finished.
+//!
+//! The map is the image job's journal. A chunk's record is committed only
+//! after the data it claims was `fdatasync`ed to DST, so after a crash a
+//! record may lag behind DST (the chunk is written again) but never runs
+//! ahead of it. A run that writes marks the header dirty first and clean
+//! last; in between, the map still describes DST chunk by chunk, so an
+//! interrupted run resumes from it.
+//!
+//! It is a redb file (atomic, crash-safe commits, and an exclusive file
+//! lock, which makes it the one-writer-per-DST lock too). Chunk hashes are
+//! XXH3-128; two values are reserved: [`UNKNOWN`] (no record) and [`ZERO`]
+//! (the chunk is all zeros, a hole in a file DST).
+
+use redb::{ReadableDatabase, TableDefinition};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+const CHUNKS: TableDefinition<u64, &[u8]> = TableDefinition::new("chunks");
+
+/// No record for this chunk: DST's content there is not known.
+pub const UNKNOWN: u128 = 0;
+/// The chunk is all zeros.
+pub const ZERO: u128 = 1;
+
+/// The map's hash of a chunk's data (never one of the reserved values).
+pub fn hash_of(data: &[u8]) -> u128 {
+    match xxhash_rust::xxh3::xxh3_128(data) {
+        UNKNOWN | ZERO => 2,
+        h => h,
+    }
+}
+
+/// Identity of a file or device at a point in time: a later run compares
+/// it to decide whether the map still describes DST (or whether SRC is
+/// untouched since).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Ident {
+    pub dev: (u32, u32),
+    pub ino: u64,
+    pub rdev: (u32, u32),
+    pub size: u64,
+    /// Zero for a block device, whose inode times say nothing of its data.
+    pub mtime: (i64, u32),
+    /// For a block device, what names the disk behind the device number,
+    /// which can change hands (a loop device's backing file, a disk's
+    /// WWID); empty if the kernel tells nothing.
+    #[serde(default)]
+    pub disk: String,
+}
+
+impl Ident {
+    /// `size` is a block device's (statx knows only a file's).
+    pub fn of(st: &sluice_sys::Stat, size: u64) -> Ident {
+        let device = st.file_type() == sluice_sys::FileType::BlockDevice;
+        Ident {
+            dev: st.dev,
+            ino: st.ino,
+            rdev: st.rdev,
+            size: if device { size } else { st.size },
+            mtime: if device { (0, 0) } else { st.mtime },
+            disk: if device {
+                disk_of(st.rdev)
+            } else {
+                String::new()
+            },
+        }
+    }
+
+    /// The same file or disk, whatever happened to its data since.
+    pub fn same_file(&self, other: &Ident) -> bool {
+        self.dev == other.dev
+            && self.ino == other.ino
+            && self.rdev == other.rdev
+            && self.disk == other.disk
+    }
+}
+
+/// What sysfs says names the disk behind block device `rdev`.
+fn disk_of(rdev: (u32, u32)) -> String {
+    let sys = format!("/sys/dev/block/{}:{}", rdev.0, rdev.1);
+    let read = |p: &str| {
+        std::fs::read_to_string(format!("{sys}/{p}"))
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    read("loop/backing_file")
+        .map(|f| format!("loop:{f}"))
+        .or_else(|| read("device/wwid").map(|w| format!("wwid:{w}")))
+        .or_else(|| read("../device/wwid").map(|w| format!("wwid:{w}")))
+        .or_else(|| read("device/serial").map(|w| format!("serial:{w}")))
+        .unwrap_or_default()
+}
+
+/// What the map says about the whole image.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Header {
+    pub chunk_size: u64,
+    /// Bytes of SRC the map covers.
+    pub size: u64,
+    /// Incremented by every run that writes; each chunk record carries the
+    /// generation that wrote it.
+    pub generation: u64,
+    /// False from the start of a writing run until its end.
+    pub clean: bool,
+    /// DST as the last finished run left it.
+    pub dst: Ident,
+    /// SRC as the last finished run read it (a regular file whose identity,
+    /// size and mtime are unchanged need not be read again).
+    pub src: Ident,
+    /// A first copy in progress: its temporary's name beside DST.
+    pub temp: Option<String>,
+}
+
+/// An open chunk map, locked for this process.
+pub struct ChunkMap {
+    db: redb::Database,
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+impl ChunkMap {
+    /// Opens the map at `path`, creating it if missing. Another process
+    /// holding it open is an error: one writer per DST.
+    pub fn open(path: &Path) -> Result<ChunkMap, String> {
+        let mut b = redb::Builder::new();
+        b.set_cache_size(4 << 20);
+        let db = b.create(path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => format!(
+                "another sluice run is using the chunk map {}; wait for it to finish",
+                path.display()
+            ),
+            e => format!("chunk map {}: {e}", path.display()),
+        })?;
+        Ok(ChunkMap { db })
+    }
+
+    pub fn header(&self) -> Result<Option<Header>, String> {
+        let r = self.db.begin_read().map_err(err)?;
+        let t = match r.open_table(META) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(err(e)),
+        };
+        let Some(v) = t.get("header").map_err(err)? else {
+            return Ok(None);
+        };
+        Ok(serde_json::from_slice(v.value()).ok())
+    }
+
+    /// Every chunk's hash, [`UNKNOWN`] where there is no record, for the
+    /// first `chunks` chunks.
+    pub fn hashes(&self, chunks: u64) -> Result<Vec<u128>, String> {
+        let mut out = vec![UNKNOWN; chunks as usize];
+        let r = self.db.begin_read().map_err(err)?;
+        let t = match r.open_table(CHUNKS) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(out),
+            Err(e) => return Err(err(e)),
+        };
+        for row in t.range(0..chunks).map_err(err)? {
+            let (k, v) = row.map_err(err)?;
+            if let Some(h) = v.value().get(..16) {
+                out[k.value() as usize] = u128::from_le_bytes(h.try_into().expect("16 bytes"));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes `header`, and in the same commit forgets every chunk record
+    /// when `reset` (a new chunk size, or `--rehash`).
+    pub fn set_header(&self, header: &Header, reset: bool) -> Result<(), String> {
+        let txn = self.db.begin_write().map_err(err)?;
+        if reset {
+            txn.delete_table(CHUNKS).map_err(err)?;
+        }
+        {
+            let mut t = txn.open_table(META).map_err(err)?;
+            let v = serde_json::to_vec(header).map_err(err)?;
+            t.insert("header", v.as_slice()).map_err(err)?;
+        }
+        txn.commit().map_err(err)
+    }
+
+    /// Records chunks (index, hash) as written by `generation`, in one
+    /// commit. The caller has made their data durable first.
+    pub fn record(&self, chunks: &[(u64, u128)], generation: u64) -> Result<(), String> {
+        if chunks.is_empty() {
+            return Ok(());
+        }
+        let txn = self.db.begin_write().map_err(err)?;
+        {
+            let mut t = txn.open_table(CHUNKS).map_err(err)?;
+            let mut v = [0u8; 24];
+            v[16..].copy_from_slice(&generation.to_le_bytes());
+            for &(i, h) in chunks {
+                v[..16].copy_from_slice(&h.to_le_bytes());
+                t.insert(i, v.as_slice()).map_err(err)?;
+            }
+        }
+        txn.commit().map_err(err)
+    }
+
+    /// Forgets the records of chunks `from..` (SRC shrank).
+    pub fn truncate(&self, from: u64) -> Result<(), String> {
+        let txn = self.db.begin_write().map_err(err)?;
+        {
+            let mut t = txn.open_table(CHUNKS).map_err(err)?;
+            t.retain_in(from.., |_, _| false).map_err(err)?;
+        }
+        txn.commit().map_err(err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_survive_reopen_and_reset_forgets_them() {
+        let dir = tempfile_dir();
+        let path = dir.join("m");
+        let h = Header {
+            chunk_size: 4,
+            size: 12,
+            generation: 1,
+            clean: false,
+            dst: Ident::default(),
+            src: Ident::default(),
+            temp: Some(".sluice-1-0.tmp".into()),
+        };
+        {
+            let m = ChunkMap::open(&path).unwrap();
+            assert_eq!(m.header().unwrap(), None);
+            m.set_header(&h, false).unwrap();
+            m.record(&[(0, 77), (2, ZERO)], 1).unwrap();
+            assert!(ChunkMap::open(&path).is_err(), "a second opener is refused");
+        }
+        let m = ChunkMap::open(&path).unwrap();
+        assert_eq!(m.header().unwrap(), Some(h.clone()));
+        assert_eq!(m.hashes(3).unwrap(), vec![77, UNKNOWN, ZERO]);
+        m.truncate(1).unwrap();
+        assert_eq!(m.hashes(3).unwrap(), vec![77, UNKNOWN, UNKNOWN]);
+        m.set_header(&h, true).unwrap();
+        assert_eq!(m.hashes(3).unwrap(), vec![UNKNOWN; 3]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn real_hashes_avoid_the_reserved_values() {
+        assert!(hash_of(b"") > ZERO);
+        assert!(hash_of(&[0u8; 4096]) > ZERO);
+    }
+
+    fn tempfile_dir() -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "sluice-chunkmap-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+}

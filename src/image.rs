@@ -1,0 +1,209 @@
+//! `sluice image` (and `sluice verify` of an image pair): runs the
+//! engine's image job and reports it.
+
+use crate::args::ImageArgs;
+use crate::output::{busy_json, busy_line, cancel_on_signals, progress, rate, Printer};
+use crate::size::human_bytes;
+use serde_json::json;
+use sluice_engine::image::{ImageMode, ImageOptions, ImageReport, ImageStats};
+use sluice_engine::{JobError, Outcome};
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How the run's output is shown.
+pub struct Show {
+    pub json: bool,
+    pub progress: bool,
+    pub no_progress: bool,
+}
+
+pub fn run(args: &ImageArgs) -> ExitCode {
+    let show = Show {
+        json: args.json,
+        progress: args.progress,
+        no_progress: args.no_progress,
+    };
+    match args.options() {
+        Ok(opts) => run_with(&args.src, &args.dst, opts, &show),
+        Err(msg) => {
+            eprintln!("sluice: error: {msg}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Whether `sluice verify SRC DST` compares an image pair: either side a
+/// block device.
+pub fn is_image_pair(src: &Path, dst: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let dev = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.file_type().is_block_device());
+    dev(src) || dev(dst)
+}
+
+pub fn run_with(src: &Path, dst: &Path, opts: ImageOptions, show: &Show) -> ExitCode {
+    use std::io::IsTerminal;
+    let cancel = cancel_on_signals();
+    let stats = Arc::new(ImageStats::default());
+    let printer = Printer::new(show.json);
+    let start = Instant::now();
+    let done = Arc::new(AtomicBool::new(false));
+    let show_bar = !show.no_progress && (show.progress || std::io::stderr().is_terminal());
+    let ticker = show_bar.then(|| {
+        let stats = stats.clone();
+        progress(&printer, done.clone(), move || {
+            progress_line(&stats, start.elapsed())
+        })
+    });
+    let result =
+        sluice_engine::image::image(src, dst, opts, stats.clone(), printer.clone(), cancel);
+    done.store(true, Relaxed);
+    if let Some(t) = ticker {
+        let _ = t.join();
+    }
+    let elapsed = start.elapsed();
+    let (code, outcome) = match &result {
+        Ok((Outcome::Complete, _)) => (0, "complete"),
+        Ok((Outcome::Partial, _)) => (1, "partial"),
+        Ok((Outcome::Interrupted, _)) => (130, "interrupted"),
+        Err(_) => (2, "failed"),
+    };
+    match &result {
+        Err(e) => {
+            if show.json {
+                println!("{}", json!({"type": "fatal", "error": e.to_string()}));
+            }
+            eprintln!("sluice: error: {e}");
+            if let JobError::Fatal(_) = e {
+                eprintln!("sluice: the chunk map records what landed; run the same command again to finish");
+            }
+        }
+        Ok((Outcome::Interrupted, _)) => {
+            eprintln!("sluice: interrupted; run the same command again to finish")
+        }
+        Ok(_) => {}
+    }
+    let report = result.as_ref().ok().map(|(_, r)| r);
+    if show.json {
+        println!("{}", summary_json(&stats, report, outcome, elapsed));
+    } else if let Some(r) = report {
+        print!("{}", summary_table(&stats, r, elapsed));
+    }
+    ExitCode::from(code)
+}
+
+fn progress_line(s: &ImageStats, elapsed: Duration) -> String {
+    let done = s.bytes_done.load(Relaxed) as f64;
+    let size = s.size.load(Relaxed) as f64;
+    let speed = rate(done, elapsed);
+    let eta = if speed > 0.0 && size > done {
+        let secs = ((size - done) / speed) as u64;
+        format!(
+            "  ETA {}:{:02}:{:02}",
+            secs / 3600,
+            secs / 60 % 60,
+            secs % 60
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{}/{} scanned  {} written  {}/s{eta}",
+        human_bytes(done),
+        human_bytes(size),
+        human_bytes(s.bytes_written.load(Relaxed) as f64),
+        human_bytes(speed),
+    )
+}
+
+fn summary_json(
+    s: &ImageStats,
+    r: Option<&ImageReport>,
+    outcome: &str,
+    elapsed: Duration,
+) -> serde_json::Value {
+    let written = s.bytes_written.load(Relaxed);
+    let verify = r.is_some_and(|r| r.mode == ImageMode::Verify);
+    let mut v = json!({
+        "type": "summary",
+        "outcome": outcome,
+        "files_copied": u64::from(outcome == "complete" && !verify && s.chunks_written.load(Relaxed) > 0),
+        "bytes_copied": written,
+        "files_skipped": 0,
+        "errors": s.errors.load(Relaxed),
+        "elapsed_s": (elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
+        "size": s.size.load(Relaxed),
+        "chunks": s.chunks.load(Relaxed),
+        "chunks_written": s.chunks_written.load(Relaxed),
+        "chunks_zero": s.chunks_zero.load(Relaxed),
+        "chunks_unchanged": s.chunks_unchanged.load(Relaxed),
+        "differences": s.differences.load(Relaxed),
+        "bytes_read": s.bytes_read.load(Relaxed),
+        "dst_bytes_read": s.dst_bytes_read.load(Relaxed),
+        "bytes_per_s": rate(s.bytes_done.load(Relaxed) as f64, elapsed).round(),
+        "max_rss_bytes": sluice_engine::peak_rss(),
+    });
+    if let (Some(r), serde_json::Value::Object(m)) = (r, &mut v) {
+        m.insert("mode".into(), json!(r.mode.name()));
+        m.insert("generation".into(), json!(r.generation));
+        m.insert("chunk_size".into(), json!(r.chunk_size));
+        m.insert("dst".into(), json!(r.dst.to_string_lossy()));
+        m.insert(
+            "map".into(),
+            json!(r.map.as_ref().map(|p| p.to_string_lossy())),
+        );
+        m.insert("streams".into(), json!(r.streams));
+        m.insert("stream_seconds".into(), busy_json(&r.busy));
+        m.insert("bottleneck".into(), json!(r.busy.verdict()));
+    }
+    v
+}
+
+fn summary_table(s: &ImageStats, r: &ImageReport, elapsed: Duration) -> String {
+    let size = s.size.load(Relaxed) as f64;
+    let what = match r.mode {
+        ImageMode::Full => "full copy",
+        ImageMode::Incremental => "incremental (chunk map trusted: DST not read)",
+        ImageMode::Compare => "compared with DST's data (no trusted chunk map)",
+        ImageMode::Unchanged => "source file unchanged since the last run: nothing read",
+        ImageMode::Verify => "verify",
+    };
+    let mut out = format!(
+        "{}: {what}{}\n",
+        r.dst.display(),
+        if r.generation > 0 {
+            format!(", generation {}", r.generation)
+        } else {
+            String::new()
+        }
+    );
+    out += &format!(
+        "chunks: {} of {}: {} {}, {} zero, {} unchanged\n",
+        s.chunks.load(Relaxed),
+        human_bytes(r.chunk_size as f64),
+        s.chunks_written.load(Relaxed) + s.differences.load(Relaxed),
+        if r.mode == ImageMode::Verify {
+            "differ"
+        } else {
+            "written"
+        },
+        s.chunks_zero.load(Relaxed),
+        s.chunks_unchanged.load(Relaxed),
+    );
+    out += &format!(
+        "{} in {:.1} s ({}/s): read {}, wrote {}, errors {}\n",
+        human_bytes(size),
+        elapsed.as_secs_f64(),
+        human_bytes(rate(size, elapsed)),
+        human_bytes((s.bytes_read.load(Relaxed) + s.dst_bytes_read.load(Relaxed)) as f64),
+        human_bytes(s.bytes_written.load(Relaxed) as f64),
+        s.errors.load(Relaxed),
+    );
+    out += &busy_line(&r.busy);
+    if let Some(map) = &r.map {
+        out += &format!("chunk map: {}\n", map.display());
+    }
+    out
+}
