@@ -28,8 +28,9 @@ pub enum Command {
     /// Block-level copy of a block device or image file; run again, it
     /// writes only the chunks that changed.
     Image(ImageArgs),
-    /// Keep DST current as SRC changes (not implemented yet).
-    Watch(Rest),
+    /// Sync, then keep DST current as SRC changes (inotify, with periodic
+    /// full rescans); stop with Ctrl-C.
+    Watch(WatchArgs),
     /// Measure throughput at 1, 2, 4, 8... streams and recommend a count.
     Probe(ProbeArgs),
     /// Remote end for network copies (not implemented yet).
@@ -223,6 +224,48 @@ pub struct ProbeArgs {
 }
 
 #[derive(Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// Keep entries of DST that SRC removed (by default a watch mirrors:
+    /// deletes propagate, each directory's only after both of its
+    /// listings were read without error).
+    #[arg(long)]
+    pub no_delete: bool,
+    /// Stop a pass before it deletes more than N entries (and report it).
+    #[arg(long, value_name = "N")]
+    pub max_delete: Option<u64>,
+    /// A full sync of the whole tree this often, as a safety net for
+    /// events the kernel did not deliver.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
+    pub rescan: f64,
+    /// Make every file and directory durable (fsync) before it counts as done.
+    #[arg(long)]
+    pub fsync: bool,
+    /// Move at most RATE bytes of file data per second over all streams.
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub bwlimit: Option<u64>,
+}
+
+impl WatchArgs {
+    /// A pass's options: a full pass tunes its streams like `sync`; a pass
+    /// over a few changed directories runs a few streams.
+    pub fn options(&self, full: bool) -> Result<CopyOptions, String> {
+        let base = self.job.options()?;
+        let small = !full && base.auto_jobs;
+        Ok(CopyOptions {
+            delete: !self.no_delete,
+            max_delete: self.max_delete,
+            fsync: self.fsync,
+            bwlimit: self.bwlimit,
+            auto_jobs: base.auto_jobs && !small,
+            jobs: if small { 4 } else { base.jobs },
+            ..base
+        })
+    }
+}
+
+#[derive(Args)]
 pub struct ImageArgs {
     /// Block device or image file to read.
     pub src: PathBuf,
@@ -235,9 +278,10 @@ pub struct ImageArgs {
     /// [default: 4M].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub chunk_size: Option<u64>,
-    /// Read and write with O_DIRECT, bypassing the page cache.
+    /// Move data through the page cache instead of O_DIRECT (the default
+    /// where the file systems allow it).
     #[arg(long)]
-    pub direct: bool,
+    pub no_direct: bool,
     /// Do not trust the chunk map: compare with DST's data and rebuild the map.
     #[arg(long)]
     pub rehash: bool,
@@ -278,7 +322,7 @@ impl ImageArgs {
         Ok(ImageOptions {
             jobs: self.jobs.unwrap_or(defaults.jobs),
             chunk_size: self.chunk_size.unwrap_or(defaults.chunk_size),
-            direct: self.direct,
+            direct: !self.no_direct,
             rehash: self.rehash,
             allow_mounted: self.allow_mounted,
             map: self.map.clone(),

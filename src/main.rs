@@ -17,6 +17,7 @@ mod output;
 mod probe;
 mod saved;
 mod size;
+mod watch;
 
 use clap::Parser;
 use output::Kind;
@@ -42,6 +43,7 @@ fn main() -> ExitCode {
         }
         args::Command::Probe(c) => probe::run(&c),
         args::Command::Image(c) => image::run(&c),
+        args::Command::Watch(c) => watch::run(&c),
         args::Command::Verify(c) if image::is_image_pair(&c.job.src, &c.job.dst) => {
             let opts = sluice_engine::image::ImageOptions {
                 check: true,

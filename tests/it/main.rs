@@ -13,3 +13,4 @@ mod resume;
 mod sync;
 mod tune;
 mod verify;
+mod watch;

@@ -85,6 +85,13 @@ pub struct CopyOptions {
     /// lead to them); `sluice probe` uses it to try small and big files
     /// apart.
     pub size_window: Option<(u64, u64)>,
+    /// Only the root directory's own entries (`sluice watch` syncing one
+    /// directory that changed): subdirectories DST already has are not
+    /// descended, new ones are copied whole.
+    pub shallow: bool,
+    /// The caller already holds DST's one-writer lock (`sluice watch`
+    /// holds it across passes), so the job does not take it.
+    pub dst_locked: bool,
 }
 
 /// What `sluice verify` compares besides content.
@@ -142,6 +149,8 @@ impl Default for CopyOptions {
             mem_limit: crate::budget::default_limit(),
             bwlimit: None,
             size_window: None,
+            shallow: false,
+            dst_locked: false,
         }
     }
 }
@@ -472,6 +481,10 @@ pub fn copy(
     } else {
         Access::Write
     };
+    let access = match access {
+        Access::Write if opts.dst_locked => Access::WriteLocked,
+        a => a,
+    };
     let roots = if src_meta.is_dir() {
         Roots::tree(src, dst, access)?
     } else {
@@ -654,6 +667,8 @@ enum Access {
     Read,
     /// Writes it: created if missing, checked writable, locked.
     Write,
+    /// Writes it under a lock the caller holds.
+    WriteLocked,
 }
 
 /// The opened roots of a job.
@@ -732,6 +747,16 @@ impl Roots {
             let fd = writable_dir(dst)?;
             // One writer per DST (guarantee 6). The lock lives on DST's own
             // directory, so no lock file is ever left inside it.
+            if access == Access::WriteLocked {
+                return Ok(Roots {
+                    src_path: src.to_owned(),
+                    dst_path: dst.to_owned(),
+                    src_fd,
+                    dst_fd: Some(fd),
+                    dst_existed,
+                    single: None,
+                });
+            }
             match sluice_sys::try_lock(sluice_sys::fd(&fd)) {
                 Err(Errno::WOULDBLOCK) => {
                     return Err(JobError::Usage(format!(
@@ -796,7 +821,7 @@ impl Roots {
             Access::Read => {
                 Some(sluice_sys::open_dir_path(&dst_dir).map_err(|e| dst_err(&dst_dir, e))?)
             }
-            Access::Write => {
+            Access::Write | Access::WriteLocked => {
                 std::fs::create_dir_all(&dst_dir).map_err(|e| dst_err(&dst_dir, e))?;
                 Some(writable_dir(&dst_dir)?)
             }

@@ -34,6 +34,7 @@ mod throttle;
 mod tree;
 pub mod tune;
 mod verify;
+pub mod watch;
 mod worker;
 
 pub use error::{escape, EntryError, JobError, Reason, Side};

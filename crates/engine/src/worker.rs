@@ -267,9 +267,12 @@ impl Worker {
             }
         };
         self.doing(Activity::Walk);
+        // A shallow job leaves the subdirectories DST has to their own
+        // jobs: their metadata is brought up to date, their entries not.
+        let descend_existing = !(self.shared.opts.shallow && parent.parent.is_none());
         if let Some(dst) = &dst {
             let rel = parent.child_rel(name);
-            if existed {
+            if existed && descend_existing {
                 self.scan_existing(&rel, src.as_fd(), dst.as_fd(), &st);
             }
             if !self.shared.writes() {
@@ -283,7 +286,8 @@ impl Worker {
         if !existed || self.shared.checking() {
             self.shared.stats.dirs_created.fetch_add(1, Relaxed);
         }
-        let descend = !self.shared.opts.one_file_system || st.dev == self.shared.root_dev;
+        let descend = (!self.shared.opts.one_file_system || st.dev == self.shared.root_dev)
+            && (descend_existing || !existed);
         let node = Arc::new(DirNode {
             creates_as: crate::tree::creates_as(dst.as_ref()),
             src,

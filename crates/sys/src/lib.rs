@@ -20,6 +20,7 @@ pub use rustix::io::Errno;
 pub type Result<T> = std::result::Result<T, Errno>;
 
 mod buf;
+pub mod notify;
 mod xattr;
 pub use buf::{AlignedBuf, DIRECT_ALIGN};
 pub use xattr::{copy_xattrs, xattrs_equal};

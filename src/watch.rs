@@ -1,0 +1,205 @@
+//! `sluice watch`: runs the engine's watch and reports its passes, the
+//! replication lag, and DST's outages.
+
+use crate::args::WatchArgs;
+use crate::output::{cancel_on_signals, Printer};
+use crate::size::human_bytes;
+use serde_json::json;
+use sluice_engine::watch::{Pass, Totals, WatchOptions, WatchReporter};
+use sluice_engine::{EntryError, Reporter};
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+struct WatchPrinter {
+    json: bool,
+    quiet: bool,
+    entries: Arc<Printer>,
+}
+
+impl Reporter for WatchPrinter {
+    fn entry_failed(&self, err: &EntryError) {
+        self.entries.entry_failed(err)
+    }
+    fn entry_skipped(&self, path: &[u8], why: &str) {
+        self.entries.entry_skipped(path, why)
+    }
+    fn entry_deleted(&self, path: &[u8]) {
+        self.entries.entry_deleted(path)
+    }
+    fn entry_differs(&self, path: &[u8], what: &str) {
+        self.entries.entry_differs(path, what)
+    }
+}
+
+/// The value at quantile `q` of sorted `v`.
+fn quantile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn ms3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn line(v: serde_json::Value) {
+    let _ = writeln!(std::io::stdout().lock(), "{v}");
+}
+
+impl WatchReporter for WatchPrinter {
+    fn pass(&self, p: &Pass) {
+        let s = &p.summary;
+        if self.json {
+            line(json!({
+                "type": "pass",
+                "full": p.full,
+                "reason": p.reason,
+                "dirs": p.dirs,
+                "changes": p.changes,
+                "files_copied": s.files_copied,
+                "bytes_copied": s.bytes_copied,
+                "deleted": s.deleted,
+                "errors": s.errors,
+                "elapsed_s": ms3(s.elapsed.as_secs_f64()),
+                "lag_median_s": ms3(quantile(&p.lags, 0.5)),
+                "lag_max_s": ms3(quantile(&p.lags, 1.0)),
+            }));
+        }
+        if self.quiet {
+            return;
+        }
+        let what = if p.full {
+            format!("full sync ({})", p.reason)
+        } else {
+            format!("{} changes in {} directories", p.changes, p.dirs)
+        };
+        let lag = if p.lags.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; lag median {:.2} s, max {:.2} s",
+                quantile(&p.lags, 0.5),
+                quantile(&p.lags, 1.0)
+            )
+        };
+        eprintln!(
+            "sluice: watch: {what}: {} files ({}) copied, {} deleted, {} errors in {:.2} s{lag}",
+            s.files_copied,
+            human_bytes(s.bytes_copied as f64),
+            s.deleted,
+            s.errors,
+            s.elapsed.as_secs_f64()
+        );
+    }
+
+    fn unavailable(&self, why: &str) {
+        if self.json {
+            line(json!({"type": "dst_unavailable", "reason": why}));
+        }
+        eprintln!("sluice: watch: DST unavailable: {why}");
+    }
+
+    fn available(&self) {
+        if self.json {
+            line(json!({"type": "dst_available"}));
+        }
+        eprintln!("sluice: watch: DST is back; catching up");
+    }
+
+    fn warning(&self, msg: &str) {
+        if self.json {
+            line(json!({"type": "warning", "message": msg}));
+        }
+        eprintln!("sluice: watch: warning: {msg}");
+    }
+}
+
+pub fn run(args: &WatchArgs) -> ExitCode {
+    if let Err(msg) = args.options(true) {
+        eprintln!("sluice: error: {msg}");
+        return ExitCode::from(2);
+    }
+    if args.rescan.is_nan() || args.rescan <= 0.0 {
+        eprintln!("sluice: error: --rescan must be a positive number of seconds");
+        return ExitCode::from(2);
+    }
+    let cancel = cancel_on_signals();
+    let printer = Arc::new(WatchPrinter {
+        json: args.job.json,
+        quiet: args.job.no_progress && args.job.json,
+        entries: Printer::new(args.job.json),
+    });
+    let wopts = WatchOptions {
+        rescan: Duration::from_secs_f64(args.rescan),
+        ..WatchOptions::default()
+    };
+    let start = Instant::now();
+    let options = |full: bool| args.options(full).expect("checked above");
+    let result = sluice_engine::watch::watch(
+        &args.job.src,
+        &args.job.dst,
+        &options,
+        &wopts,
+        printer,
+        cancel,
+    );
+    match result {
+        Err(e) => {
+            if args.job.json {
+                line(json!({"type": "fatal", "error": e.to_string()}));
+            }
+            eprintln!("sluice: error: {e}");
+            ExitCode::from(2)
+        }
+        Ok(t) => {
+            summary(&t, start.elapsed(), args.job.json);
+            ExitCode::from(if t.errors > 0 { 1 } else { 0 })
+        }
+    }
+}
+
+fn summary(t: &Totals, elapsed: Duration, json_out: bool) {
+    let mut lags = t.lags.clone();
+    lags.sort_by(f64::total_cmp);
+    if json_out {
+        line(json!({
+            "type": "summary",
+            "outcome": if t.errors > 0 { "partial" } else { "complete" },
+            "files_copied": t.files_copied,
+            "bytes_copied": t.bytes_copied,
+            "files_skipped": 0,
+            "errors": t.errors,
+            "elapsed_s": ms3(elapsed.as_secs_f64()),
+            "deleted": t.deleted,
+            "passes": t.passes,
+            "full_passes": t.full_passes,
+            "changes": t.changes,
+            "lag_median_s": ms3(quantile(&lags, 0.5)),
+            "lag_p90_s": ms3(quantile(&lags, 0.9)),
+            "lag_max_s": ms3(quantile(&lags, 1.0)),
+        }));
+        return;
+    }
+    println!(
+        "watched {:.0} s: {} passes ({} full), {} changes, {} files ({}) copied, {} deleted, {} errors",
+        elapsed.as_secs_f64(),
+        t.passes,
+        t.full_passes,
+        t.changes,
+        t.files_copied,
+        human_bytes(t.bytes_copied as f64),
+        t.deleted,
+        t.errors
+    );
+    if !lags.is_empty() {
+        println!(
+            "replication lag: median {:.2} s, 90th percentile {:.2} s, max {:.2} s",
+            quantile(&lags, 0.5),
+            quantile(&lags, 0.9),
+            quantile(&lags, 1.0)
+        );
+    }
+}
