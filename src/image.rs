@@ -139,6 +139,7 @@ fn summary_json(
         "chunks_written": s.chunks_written.load(Relaxed),
         "chunks_zero": s.chunks_zero.load(Relaxed),
         "chunks_unchanged": s.chunks_unchanged.load(Relaxed),
+        "chunks_unread": s.chunks_unread.load(Relaxed),
         "differences": s.differences.load(Relaxed),
         "bytes_read": s.bytes_read.load(Relaxed),
         "dst_bytes_read": s.dst_bytes_read.load(Relaxed),

@@ -337,3 +337,47 @@ fn an_ext4_volume_of_100k_files_round_trips() {
         assert!(stderr(&o).contains("mounted or in use"), "{}", stderr(&o));
     }
 }
+
+/// On btrfs every write goes to new extents, so an incremental reads only
+/// the chunks whose extents changed since they were last read.
+#[test]
+fn on_btrfs_an_incremental_reads_only_changed_chunks() {
+    let Some(fs) = LoopFs::new("btrfs", 512) else {
+        return;
+    };
+    let d = disk_dir("img");
+    let src = fs.path().join("src.img");
+    let dst = d.path().join("dst.img");
+    fs::write(&src, bytes(64 * MIB, 21)).unwrap();
+    let o = image(&src, &dst, &["--json"]);
+    ok(&o);
+    poke(&src, (9 * MIB) as u64, b"changed in chunk 2");
+    poke(&src, (60 * MIB) as u64, &bytes(8192, 22));
+    let o = image(&src, &dst, &["--json"]);
+    ok(&o);
+    let s = summary(&o);
+    assert_eq!(s["mode"], "incremental", "{s}");
+    assert_eq!(s["chunks_written"], 2, "{s}");
+    assert_eq!(s["chunks_unread"], 14, "{s}");
+    assert_eq!(s["bytes_read"], 2 * 4 * MIB as u64, "{s}");
+    same_bytes(&src, &dst, 64 * MIB as u64);
+    // A snapshot shares every extent and changes no data: still unread.
+    let snap = fs.path().join("snap");
+    if run(
+        "btrfs",
+        &[
+            "subvolume",
+            "snapshot",
+            fs.path().to_str().unwrap(),
+            snap.to_str().unwrap(),
+        ],
+    ) {
+        poke(&src, 0, b"first chunk");
+        let o = image(&src, &dst, &["--json"]);
+        ok(&o);
+        let s = summary(&o);
+        assert_eq!(s["chunks_written"], 1, "{s}");
+        assert_eq!(s["chunks_unread"], 15, "{s}");
+        same_bytes(&src, &dst, 64 * MIB as u64);
+    }
+}

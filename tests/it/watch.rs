@@ -232,3 +232,26 @@ fn a_second_writer_is_refused() {
     assert!(stderr(&o).contains("another sluice run"), "{}", stderr(&o));
     drop(w);
 }
+
+#[test]
+fn excludes_hold_for_changes_below_src() {
+    let d = disk_dir("watch");
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    write(&src.join("sub/first.txt"), b"1");
+    let w = Watch::start(
+        &src,
+        &dst,
+        &["--exclude", "cache", "--exclude", "sub/skip.txt"],
+    );
+    write(&src.join("cache/x"), b"excluded by name");
+    write(&src.join("sub/skip.txt"), b"excluded by path");
+    write(&src.join("sub/ok.txt"), b"copied");
+    write(&src.join("sub/cache/y"), b"excluded by name, deeper");
+    within(10, "the copied file", || dst.join("sub/ok.txt").exists());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!dst.join("cache").exists());
+    assert!(!dst.join("sub/skip.txt").exists());
+    assert!(!dst.join("sub/cache").exists());
+    let (code, _) = w.stop();
+    assert_eq!(code, 0);
+}

@@ -116,6 +116,52 @@ pub struct Header {
     pub temp: Option<String>,
 }
 
+/// One chunk's record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub chunk: u64,
+    pub hash: u128,
+    /// The signature of the SRC extents the data was read from, where the
+    /// file system moves data on every write (0: none).
+    pub sig: u64,
+}
+
+/// Per chunk of `chunk_size`, a signature of the extents that hold its
+/// data (location, length, data flags, clipped to the chunk): equal
+/// signatures on a file system that writes every change to new blocks
+/// mean equal data. 0 where an extent is not settled (or for chunks past
+/// the end).
+pub fn extent_sigs(
+    extents: &[sluice_sys::extents::Extent],
+    size: u64,
+    chunk_size: u64,
+) -> Vec<u64> {
+    let chunks = size.div_ceil(chunk_size);
+    let mut out = Vec::with_capacity(chunks as usize);
+    let mut first = 0; // first extent that may overlap the current chunk
+    for i in 0..chunks {
+        let (lo, hi) = (i * chunk_size, ((i + 1) * chunk_size).min(size));
+        while first < extents.len() && extents[first].logical + extents[first].length <= lo {
+            first += 1;
+        }
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(&lo.to_le_bytes());
+        h.update(&hi.to_le_bytes());
+        let mut settled = true;
+        for e in extents[first..].iter().take_while(|e| e.logical < hi) {
+            settled &= !e.unsettled();
+            let start = e.logical.max(lo);
+            let end = (e.logical + e.length).min(hi);
+            h.update(&start.to_le_bytes());
+            h.update(&(e.physical + (start - e.logical)).to_le_bytes());
+            h.update(&(end - start).to_le_bytes());
+            h.update(&e.data_flags().to_le_bytes());
+        }
+        out.push(if settled { h.digest().max(1) } else { 0 });
+    }
+    out
+}
+
 /// An open chunk map, locked for this process.
 pub struct ChunkMap {
     db: redb::Database,
@@ -154,23 +200,29 @@ impl ChunkMap {
         Ok(serde_json::from_slice(v.value()).ok())
     }
 
-    /// Every chunk's hash, [`UNKNOWN`] where there is no record, for the
-    /// first `chunks` chunks.
-    pub fn hashes(&self, chunks: u64) -> Result<Vec<u128>, String> {
-        let mut out = vec![UNKNOWN; chunks as usize];
+    /// Every chunk's hash ([`UNKNOWN`] where there is no record) and the
+    /// signature of SRC's extents its data was read from (0: none), for
+    /// the first `chunks` chunks.
+    pub fn load(&self, chunks: u64) -> Result<(Vec<u128>, Vec<u64>), String> {
+        let mut hashes = vec![UNKNOWN; chunks as usize];
+        let mut sigs = vec![0; chunks as usize];
         let r = self.db.begin_read().map_err(err)?;
         let t = match r.open_table(CHUNKS) {
             Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(out),
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok((hashes, sigs)),
             Err(e) => return Err(err(e)),
         };
         for row in t.range(0..chunks).map_err(err)? {
             let (k, v) = row.map_err(err)?;
-            if let Some(h) = v.value().get(..16) {
-                out[k.value() as usize] = u128::from_le_bytes(h.try_into().expect("16 bytes"));
+            let (i, v) = (k.value() as usize, v.value());
+            if let Some(h) = v.get(..16) {
+                hashes[i] = u128::from_le_bytes(h.try_into().expect("16 bytes"));
+            }
+            if let Some(s) = v.get(24..32) {
+                sigs[i] = u64::from_le_bytes(s.try_into().expect("8 bytes"));
             }
         }
-        Ok(out)
+        Ok((hashes, sigs))
     }
 
     /// Writes `header`, and in the same commit forgets every chunk record
@@ -188,20 +240,22 @@ impl ChunkMap {
         txn.commit().map_err(err)
     }
 
-    /// Records chunks (index, hash) as written by `generation`, in one
-    /// commit. The caller has made their data durable first.
-    pub fn record(&self, chunks: &[(u64, u128)], generation: u64) -> Result<(), String> {
+    /// Records chunks (index, hash, extent signature) as written by
+    /// `generation`, in one commit. The caller has made their data durable
+    /// first.
+    pub fn record(&self, chunks: &[Record], generation: u64) -> Result<(), String> {
         if chunks.is_empty() {
             return Ok(());
         }
         let txn = self.db.begin_write().map_err(err)?;
         {
             let mut t = txn.open_table(CHUNKS).map_err(err)?;
-            let mut v = [0u8; 24];
-            v[16..].copy_from_slice(&generation.to_le_bytes());
-            for &(i, h) in chunks {
-                v[..16].copy_from_slice(&h.to_le_bytes());
-                t.insert(i, v.as_slice()).map_err(err)?;
+            let mut v = [0u8; 32];
+            v[16..24].copy_from_slice(&generation.to_le_bytes());
+            for r in chunks {
+                v[..16].copy_from_slice(&r.hash.to_le_bytes());
+                v[24..].copy_from_slice(&r.sig.to_le_bytes());
+                t.insert(r.chunk, v.as_slice()).map_err(err)?;
             }
         }
         txn.commit().map_err(err)
@@ -239,17 +293,61 @@ mod tests {
             let m = ChunkMap::open(&path).unwrap();
             assert_eq!(m.header().unwrap(), None);
             m.set_header(&h, false).unwrap();
-            m.record(&[(0, 77), (2, ZERO)], 1).unwrap();
+            let r = |chunk, hash, sig| Record { chunk, hash, sig };
+            m.record(&[r(0, 77, 5), r(2, ZERO, 0)], 1).unwrap();
             assert!(ChunkMap::open(&path).is_err(), "a second opener is refused");
         }
         let m = ChunkMap::open(&path).unwrap();
         assert_eq!(m.header().unwrap(), Some(h.clone()));
-        assert_eq!(m.hashes(3).unwrap(), vec![77, UNKNOWN, ZERO]);
+        assert_eq!(m.load(3).unwrap(), (vec![77, UNKNOWN, ZERO], vec![5, 0, 0]));
         m.truncate(1).unwrap();
-        assert_eq!(m.hashes(3).unwrap(), vec![77, UNKNOWN, UNKNOWN]);
+        assert_eq!(m.load(3).unwrap().0, vec![77, UNKNOWN, UNKNOWN]);
         m.set_header(&h, true).unwrap();
-        assert_eq!(m.hashes(3).unwrap(), vec![UNKNOWN; 3]);
+        assert_eq!(m.load(3).unwrap().0, vec![UNKNOWN; 3]);
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn extent_signatures_change_with_the_extents_of_their_chunk_only() {
+        use sluice_sys::extents::Extent;
+        let e = |logical, physical, length| Extent {
+            logical,
+            physical,
+            length,
+            flags: 0,
+        };
+        let before = [e(0, 1000, 10), e(10, 5000, 20)];
+        let a = extent_sigs(&before, 30, 8);
+        assert_eq!(a.len(), 4);
+        assert!(a.iter().all(|&s| s != 0));
+        // Bytes 16..20 rewritten elsewhere (copy-on-write): chunk 2 only.
+        let after = [
+            e(0, 1000, 10),
+            e(10, 5000, 6),
+            e(16, 9000, 4),
+            e(20, 5010, 10),
+        ];
+        let b = extent_sigs(&after, 30, 8);
+        assert_eq!((a[0], a[1], a[3]), (b[0], b[1], b[3]));
+        assert_ne!(a[2], b[2]);
+        // A snapshot marks extents shared: nothing changed.
+        let shared: Vec<Extent> = before
+            .iter()
+            .map(|x| Extent {
+                flags: 0x2000,
+                ..*x
+            })
+            .collect();
+        assert_eq!(extent_sigs(&shared, 30, 8), a);
+        // Delayed allocation says nothing.
+        let delalloc = [
+            e(0, 1000, 10),
+            Extent {
+                flags: 0x4,
+                ..e(10, 0, 20)
+            },
+        ];
+        assert_eq!(extent_sigs(&delalloc, 30, 8)[1..], [0, 0, 0]);
     }
 
     #[test]

@@ -243,7 +243,7 @@ impl Worker {
             let filter = &sh.opts.filter;
             if !filter.is_empty() {
                 let path = if filter.needs_path() {
-                    join(rel, name.to_bytes())
+                    sh.opts.filter_path(join(rel, name.to_bytes()))
                 } else {
                     Vec::new()
                 };

@@ -19,7 +19,7 @@
 //! into place when complete; later runs patch DST in place (that is the
 //! point of an incremental), with the map telling which chunks are done.
 
-use crate::chunkmap::{hash_of, ChunkMap, Header, Ident, UNKNOWN, ZERO};
+use crate::chunkmap::{extent_sigs, hash_of, ChunkMap, Header, Ident, Record, UNKNOWN, ZERO};
 use crate::error::{EntryError, JobError, Reason, Side};
 use crate::gauge::{Activity, Busy, Gauge};
 use crate::throttle::Throttle;
@@ -107,6 +107,9 @@ pub struct ImageStats {
     pub chunks_zero: AtomicU64,
     /// Chunks DST already held.
     pub chunks_unchanged: AtomicU64,
+    /// Of those, chunks not even read: SRC's extents under them are the
+    /// ones they were last read from (btrfs).
+    pub chunks_unread: AtomicU64,
     /// Chunks that differ (`verify`).
     pub differences: AtomicU64,
     pub errors: AtomicU64,
@@ -403,7 +406,7 @@ enum Done {
 /// collector, which makes them durable and commits them in one go.
 struct Unit {
     stream: usize,
-    records: Vec<(u64, u128)>,
+    records: Vec<Record>,
     /// It wrote DST: the stream waits for these records before its next
     /// write.
     wrote: bool,
@@ -431,6 +434,10 @@ struct Run<'a> {
     known_zero: bool,
     /// The map's hashes (all [`UNKNOWN`] without a trusted map).
     old: Vec<u128>,
+    /// The map's SRC extent signatures (0: none).
+    old_sigs: Vec<u64>,
+    /// SRC's extent signatures now, where they prove data unchanged.
+    sigs: Option<Vec<u64>>,
     chunks: u64,
     /// Chunks per unit of work.
     unit: u64,
@@ -497,6 +504,11 @@ fn is_zero(data: &[u8]) -> bool {
 }
 
 impl Run<'_> {
+    fn record(&self, chunk: u64, hash: u128) -> Record {
+        let sig = self.sigs.as_ref().map_or(0, |s| s[chunk as usize]);
+        Record { chunk, hash, sig }
+    }
+
     fn chunk_range(&self, i: u64) -> (u64, usize) {
         let off = i * self.opts.chunk_size;
         (
@@ -529,10 +541,10 @@ impl Run<'_> {
                 let buffers = (buf.as_mut_slice(), dbuf.as_mut().map(|b| b.as_mut_slice()));
                 match self.chunk(id, i, buffers.0, buffers.1, unit.wrote) {
                     Ok(Done::Written(i, h)) => {
-                        unit.records.push((i, h));
+                        unit.records.push(self.record(i, h));
                         unit.wrote = true;
                     }
-                    Ok(Done::Same(i, h, true)) => unit.records.push((i, h)),
+                    Ok(Done::Same(i, h, true)) => unit.records.push(self.record(i, h)),
                     Ok(_) => {}
                     Err(e) => {
                         self.stats.errors.fetch_add(1, Relaxed);
@@ -595,6 +607,20 @@ impl Run<'_> {
         unit_wrote: bool,
     ) -> Result<Done, EntryError> {
         let (off, len) = self.chunk_range(i);
+        let old = self.old[i as usize];
+        let sig = self.sigs.as_ref().map_or(0, |s| s[i as usize]);
+        let old_sig = self.old_sigs[i as usize];
+        if self.mode == ImageMode::Incremental && sig != 0 && sig == old_sig && old != UNKNOWN {
+            // The same extents as when this chunk was last read, on a file
+            // system that puts every write in new ones: the same data.
+            self.stats.bytes_done.fetch_add(len as u64, Relaxed);
+            self.stats.chunks_unread.fetch_add(1, Relaxed);
+            self.stats.chunks_unchanged.fetch_add(1, Relaxed);
+            if old == ZERO {
+                self.stats.chunks_zero.fetch_add(1, Relaxed);
+            }
+            return Ok(Done::Same(i, old, false));
+        }
         let hole = self.src.sparse
             && sluice_sys::next_data(self.src.fd.as_fd(), off)
                 .map_err(|e| self.err(Side::Src, "seek", i, e))?
@@ -617,13 +643,17 @@ impl Run<'_> {
         if zero {
             self.stats.chunks_zero.fetch_add(1, Relaxed);
         }
-        let old = self.old[i as usize];
         let same = match (self.mode, dbuf) {
             (ImageMode::Compare | ImageMode::Verify, Some(dbuf)) => {
                 let dst = self.dst.expect("compare has a DST");
                 self.gauge.set(id, Activity::Read);
-                self.read(dst.as_fd(), dbuf, off, len)
-                    .map_err(|e| self.err(Side::Dst, "read", i, e))?;
+                match self.read(dst.as_fd(), dbuf, off, len) {
+                    // A shorter DST: verify reported the sizes already.
+                    Err(Errno::NODATA) if self.mode == ImageMode::Verify => {
+                        return Ok(Done::Failed)
+                    }
+                    r => r.map_err(|e| self.err(Side::Dst, "read", i, e))?,
+                }
                 self.stats.dst_bytes_read.fetch_add(len as u64, Relaxed);
                 if zero {
                     is_zero(&dbuf[..len])
@@ -638,7 +668,7 @@ impl Run<'_> {
             if !(zero && self.known_zero) {
                 self.stats.chunks_unchanged.fetch_add(1, Relaxed);
             }
-            return Ok(Done::Same(i, hash, old != hash));
+            return Ok(Done::Same(i, hash, old != hash || sig != old_sig));
         }
         if self.mode == ImageMode::Verify {
             self.stats.differences.fetch_add(1, Relaxed);
@@ -841,7 +871,9 @@ pub fn image(
         && !fresh_temp
         && header.as_ref().is_some_and(|h| {
             h.chunk_size == opts.chunk_size
-                && dst_ident.is_some_and(|d| h.dst.same_file(&d) && (!h.clean || h.dst == d))
+                && dst_ident
+                    .as_ref()
+                    .is_some_and(|d| h.dst.same_file(d) && (!h.clean || h.dst == *d))
         });
     let mut mode = if opts.check {
         ImageMode::Verify
@@ -852,6 +884,17 @@ pub fn image(
     } else {
         ImageMode::Compare
     };
+    if let (ImageMode::Verify, Some(d)) = (mode, &dst_ident) {
+        // A file DST of another size differs, whatever its chunks say (a
+        // device may be larger than the image written to it).
+        if d.rdev == (0, 0) && d.size != size {
+            stats.differences.fetch_add(1, Relaxed);
+            reporter.entry_differs(
+                dst_path.as_os_str().as_bytes(),
+                &format!("{} bytes, SRC has {size}", d.size),
+            );
+        }
+    }
     let h = header.as_ref();
     // A file SRC with the identity, size and mtime the last clean run read
     // has nothing new to give.
@@ -863,10 +906,19 @@ pub fn image(
     }
     let generation = h.map_or(0, |h| h.generation) + u64::from(writes);
     // (A first copy resumed in its temporary is an incremental of it.)
-    let old = match (&map, mode) {
-        (Some(m), ImageMode::Incremental) => m.hashes(chunks).map_err(map_err(&map_path))?,
-        _ => vec![UNKNOWN; chunks as usize],
+    let (old, old_sigs) = match (&map, mode) {
+        (Some(m), ImageMode::Incremental) => m.load(chunks).map_err(map_err(&map_path))?,
+        _ => (vec![UNKNOWN; chunks as usize], vec![0; chunks as usize]),
     };
+    // On btrfs every write lands in new extents: a chunk whose extents are
+    // those it was last read from holds the same data, and need not be
+    // read. (ext4, xfs overwrite in place: no such proof, SRC is read.)
+    let sigs = (!opts.check
+        && source.st.file_type() == FileType::RegularFile
+        && sluice_sys::extents::moves_on_write(source.fd.as_fd()))
+    .then(|| sluice_sys::extents::extents(source.fd.as_fd()).ok())
+    .flatten()
+    .map(|e| extent_sigs(&e, size, opts.chunk_size));
     let report = |busy| ImageReport {
         mode,
         generation,
@@ -925,6 +977,8 @@ pub fn image(
         mode,
         known_zero: fresh_temp,
         old,
+        old_sigs,
+        sigs,
         chunks,
         unit: (UNIT_BYTES / opts.chunk_size).max(1),
         next: AtomicU64::new(0),
@@ -1025,7 +1079,7 @@ fn collect(
     generation: u64,
     records: &Records,
 ) -> Result<(), String> {
-    let mut batch: Vec<(u64, u128)> = Vec::new();
+    let mut batch: Vec<Record> = Vec::new();
     let mut writers: Vec<usize> = Vec::new();
     while let Ok(first) = rx.recv() {
         for unit in std::iter::once(first).chain(rx.try_iter()) {

@@ -89,6 +89,10 @@ pub struct CopyOptions {
     /// directory that changed): subdirectories DST already has are not
     /// descended, new ones are copied whole.
     pub shallow: bool,
+    /// Where this job's SRC sits below the directory the filter's path
+    /// patterns are written for (`sluice watch` syncs subdirectories of
+    /// its SRC): prepended to every path the filter sees.
+    pub filter_base: Vec<u8>,
     /// The caller already holds DST's one-writer lock (`sluice watch`
     /// holds it across passes), so the job does not take it.
     pub dst_locked: bool,
@@ -150,12 +154,24 @@ impl Default for CopyOptions {
             bwlimit: None,
             size_window: None,
             shallow: false,
+            filter_base: Vec::new(),
             dst_locked: false,
         }
     }
 }
 
 impl CopyOptions {
+    /// The path the filter matches for `rel` (relative to this job's SRC).
+    pub(crate) fn filter_path(&self, rel: Vec<u8>) -> Vec<u8> {
+        if self.filter_base.is_empty() {
+            return rel;
+        }
+        let mut p = self.filter_base.clone();
+        p.push(b'/');
+        p.extend_from_slice(&rel);
+        p
+    }
+
     /// Permission bits that may be set: set-id bits only with owners kept.
     pub(crate) fn perm_mask(&self) -> u32 {
         if self.preserve_owner {

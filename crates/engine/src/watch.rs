@@ -181,6 +181,21 @@ impl Watches {
     }
 }
 
+/// Whether directory `rel` or one above it is excluded from the job.
+fn excluded(filter: &sluice_walk::Filter, rel: &[u8]) -> bool {
+    if filter.is_empty() || rel.is_empty() {
+        return false;
+    }
+    let mut end = 0;
+    for (i, name) in rel.split(|&b| b == b'/').enumerate() {
+        end += name.len() + usize::from(i > 0);
+        if filter.excludes(name, &rel[..end], true) {
+            return true;
+        }
+    }
+    false
+}
+
 /// Whether DST is the directory the watch started with.
 fn same_dir(dst: &Path, id: (u64, u64)) -> bool {
     std::fs::metadata(dst).is_ok_and(|m| m.is_dir() && (m.dev(), m.ino()) == id)
@@ -392,6 +407,10 @@ impl Watcher<'_> {
     /// One sync job of `rel`; Ok(false) if it was interrupted.
     fn job(&self, rel: &[u8], shallow: bool, stats: &Arc<Stats>) -> Result<bool, JobError> {
         let mut opts = (self.options)(!shallow && rel.is_empty());
+        if excluded(&opts.filter, rel) {
+            return Ok(true);
+        }
+        opts.filter_base = rel.to_vec();
         opts.shallow = shallow;
         opts.dst_locked = rel.is_empty();
         let src = join(&self.src, rel);
@@ -572,5 +591,16 @@ mod tests {
         assert!(under(b"a", b"a"));
         assert!(!under(b"ab", b"a"));
         assert!(under(b"x", b""));
+    }
+
+    #[test]
+    fn exclusions_cover_whole_subtrees() {
+        let f = sluice_walk::Filter::new(&["cache".into(), "a/skip".into()], &[]).unwrap();
+        assert!(excluded(&f, b"cache"));
+        assert!(excluded(&f, b"x/cache/y"));
+        assert!(excluded(&f, b"a/skip/z"));
+        assert!(!excluded(&f, b"b/skip"));
+        assert!(!excluded(&f, b"a"));
+        assert!(!excluded(&f, b""));
     }
 }

@@ -362,7 +362,7 @@ impl Worker {
             let action = plan::action(&st, opts.chunk_size, opts.privileged);
             if !filter.is_empty() {
                 let rel = if filter.needs_path() {
-                    node.child_rel(name)
+                    opts.filter_path(node.child_rel(name))
                 } else {
                     Vec::new()
                 };

@@ -6,8 +6,8 @@
 //! the fastest primitive the kernel offers and falls back cleanly
 //! (`FICLONE`, then `copy_file_range`, then `pread`/`pwrite`).
 //!
-//! This is the only crate that may contain `unsafe`; today it needs none,
-//! because `rustix` wraps the raw calls. It must never make policy decisions
+//! This is the only crate that may contain `unsafe`; it has one block, the
+//! `FS_IOC_FIEMAP` ioctl in `extents`, which rustix does not wrap. It must never make policy decisions
 //! (what to copy, what to report): callers get plain `Errno`s back.
 
 use std::ffi::CStr;
@@ -20,6 +20,7 @@ pub use rustix::io::Errno;
 pub type Result<T> = std::result::Result<T, Errno>;
 
 mod buf;
+pub mod extents;
 pub mod notify;
 mod xattr;
 pub use buf::{AlignedBuf, DIRECT_ALIGN};
