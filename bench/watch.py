@@ -171,7 +171,7 @@ def main():
         "passes": len(passes), "sluice_summary": summary,
     }
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
-    save(res, stamp, "watch-", render)
+    save(res, stamp, f"watch-{a.rate:.0f}ps-", render)
     print(render(res))
     shutil.rmtree(BASE, ignore_errors=True)
 

@@ -2,7 +2,7 @@
 //! engine's image job and reports it.
 
 use crate::args::ImageArgs;
-use crate::output::{busy_json, busy_line, cancel_on_signals, progress, rate, Printer};
+use crate::output::{busy_json, busy_line, cancel_on_signals, ms, progress, rate, Printer};
 use crate::size::human_bytes;
 use serde_json::json;
 use sluice_engine::image::{ImageMode, ImageOptions, ImageReport, ImageStats};
@@ -133,7 +133,7 @@ fn summary_json(
         "bytes_copied": written,
         "files_skipped": 0,
         "errors": s.errors.load(Relaxed),
-        "elapsed_s": (elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
+        "elapsed_s": ms(elapsed.as_secs_f64()),
         "size": s.size.load(Relaxed),
         "chunks": s.chunks.load(Relaxed),
         "chunks_written": s.chunks_written.load(Relaxed),

@@ -277,7 +277,7 @@ pub fn summary_json(s: &Summary, outcome: &str, kind: Kind) -> serde_json::Value
         "bytes_copied": bytes,
         "files_skipped": s.files_skipped,
         "errors": s.errors,
-        "elapsed_s": (secs * 1000.0).round() / 1000.0,
+        "elapsed_s": ms(secs),
     });
     let rest = match kind {
         Kind::Copy { .. } => json!({
@@ -314,17 +314,21 @@ pub fn summary_json(s: &Summary, outcome: &str, kind: Kind) -> serde_json::Value
     v
 }
 
+/// Seconds rounded to the millisecond, for `--json`.
+pub fn ms(secs: f64) -> f64 {
+    (secs * 1000.0).round() / 1000.0
+}
+
 /// Stream-seconds per activity, for `--json`.
 pub fn busy_json(b: &Busy) -> serde_json::Value {
-    let secs3 = |x: f64| (x * 1000.0).round() / 1000.0;
     json!({
-        "walk": secs3(b.walk),
-        "read": secs3(b.read),
-        "write": secs3(b.write),
-        "kernel_copy": secs3(b.copy),
-        "journal_wait": secs3(b.journal),
-        "idle": secs3(b.idle),
-        "parked": secs3(b.parked),
+        "walk": ms(b.walk),
+        "read": ms(b.read),
+        "write": ms(b.write),
+        "kernel_copy": ms(b.copy),
+        "journal_wait": ms(b.journal),
+        "idle": ms(b.idle),
+        "parked": ms(b.parked),
     })
 }
 

@@ -206,7 +206,7 @@ pub fn run(args: &ProbeArgs) -> ExitCode {
     if args.json {
         println!(
             "{}",
-            json!({"type": "probe_done", "elapsed_s": (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0})
+            json!({"type": "probe_done", "elapsed_s": crate::output::ms(started.elapsed().as_secs_f64())})
         );
     } else {
         println!("probe took {:.1} s", started.elapsed().as_secs_f64());

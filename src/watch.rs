@@ -2,7 +2,7 @@
 //! replication lag, and DST's outages.
 
 use crate::args::WatchArgs;
-use crate::output::{cancel_on_signals, Printer};
+use crate::output::{cancel_on_signals, ms, Printer};
 use crate::size::human_bytes;
 use serde_json::json;
 use sluice_engine::watch::{Pass, Totals, WatchOptions, WatchReporter};
@@ -41,10 +41,6 @@ fn quantile(v: &[f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
-fn ms3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
-
 fn line(v: serde_json::Value) {
     let _ = writeln!(std::io::stdout().lock(), "{v}");
 }
@@ -63,9 +59,9 @@ impl WatchReporter for WatchPrinter {
                 "bytes_copied": s.bytes_copied,
                 "deleted": s.deleted,
                 "errors": s.errors,
-                "elapsed_s": ms3(s.elapsed.as_secs_f64()),
-                "lag_median_s": ms3(quantile(&p.lags, 0.5)),
-                "lag_max_s": ms3(quantile(&p.lags, 1.0)),
+                "elapsed_s": ms(s.elapsed.as_secs_f64()),
+                "lag_median_s": ms(quantile(&p.lags, 0.5)),
+                "lag_max_s": ms(quantile(&p.lags, 1.0)),
             }));
         }
         if self.quiet {
@@ -172,14 +168,14 @@ fn summary(t: &Totals, elapsed: Duration, json_out: bool) {
             "bytes_copied": t.bytes_copied,
             "files_skipped": 0,
             "errors": t.errors,
-            "elapsed_s": ms3(elapsed.as_secs_f64()),
+            "elapsed_s": ms(elapsed.as_secs_f64()),
             "deleted": t.deleted,
             "passes": t.passes,
             "full_passes": t.full_passes,
             "changes": t.changes,
-            "lag_median_s": ms3(quantile(&lags, 0.5)),
-            "lag_p90_s": ms3(quantile(&lags, 0.9)),
-            "lag_max_s": ms3(quantile(&lags, 1.0)),
+            "lag_median_s": ms(quantile(&lags, 0.5)),
+            "lag_p90_s": ms(quantile(&lags, 0.9)),
+            "lag_max_s": ms(quantile(&lags, 1.0)),
         }));
         return;
     }

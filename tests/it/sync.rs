@@ -306,3 +306,33 @@ fn dry_run_compares_with_dst_and_changes_nothing() {
     assert_eq!(summary(&out)["files_copied"], 6);
     assert!(!t.path().join("none").exists());
 }
+
+/// `setfattr` and `setfacl` change nothing but an inode's ctime and its
+/// attributes: a sync sees it by the ctime and copies the file again.
+#[test]
+fn an_xattr_only_change_is_synced() {
+    let d = disk_dir("xattr");
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    write(&src.join("f"), b"data");
+    write(&src.join("g"), b"untouched");
+    ok(&sync(&src, &dst, &[]));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let set = rustix::fs::setxattr(
+        src.join("f"),
+        "user.sluice-test",
+        b"v1",
+        rustix::fs::XattrFlags::empty(),
+    );
+    if set.is_err() {
+        eprintln!("skipped: the disk here takes no user xattrs");
+        return;
+    }
+    let o = sync(&src, &dst, &["--json"]);
+    ok(&o);
+    let s = summary(&o);
+    assert_eq!(s["files_copied"], 1, "{s}");
+    assert_same_tree(&src, &dst);
+    // And an unchanged pair stays untouched.
+    let o = sync(&src, &dst, &["--json"]);
+    assert_eq!(summary(&o)["files_copied"], 0);
+}

@@ -86,6 +86,7 @@ mod tests {
             dev: (8, 1),
             rdev: (0, 0),
             atime: (0, 0),
+            ctime: (0, 0),
             mtime,
         }
     }

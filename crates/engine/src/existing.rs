@@ -74,6 +74,7 @@ impl Worker {
             FileType::RegularFile => {
                 (!sh.opts.checksum || self.same_content(node, src_name, dst_name))
                     && self.links_intact(node, dst_name, st, &dst)
+                    && (st.ctime < dst.ctime || self.same_xattrs(node, src_name, dst_name))
             }
             FileType::Symlink => self.same_target(node, src_name, dst_name),
             _ => true,
@@ -114,6 +115,21 @@ impl Worker {
             sluice_sys::set_owner(fd.as_fd(), st)?;
         }
         sluice_sys::set_perm(fd.as_fd(), st.perm() & self.shared.opts.perm_mask())
+    }
+
+    /// Whether a file's extended attributes (and ACLs) match DST's. Asked
+    /// only when SRC's inode changed after DST's (its ctime is later): a
+    /// copy sets DST's times after writing, so an untouched pair never
+    /// pays for the two listings, while `setfattr` or `setfacl` on SRC,
+    /// which change nothing but the ctime, are seen.
+    fn same_xattrs(&self, node: &DirNode, src_name: &CStr, dst_name: &CStr) -> bool {
+        let (Ok(s), Ok(d)) = (
+            sluice_sys::open_read_at(node.src.as_fd(), src_name),
+            sluice_sys::open_read_at(node.dst(), dst_name),
+        ) else {
+            return false;
+        };
+        sluice_sys::xattrs_equal(s.as_fd(), d.as_fd()).unwrap_or(false)
     }
 
     /// Whether a hard-linked source file's name in DST is linked like in

@@ -513,6 +513,7 @@ mod tests {
             dev: (1, 1),
             rdev: (0, 0),
             atime: (0, 0),
+            ctime: (0, 0),
             mtime: (1, 2),
         };
         let mut r = Record::new(b"t", &st, 10, 10);

@@ -40,6 +40,8 @@ pub struct Stat {
     pub rdev: (u32, u32),
     pub atime: (i64, u32),
     pub mtime: (i64, u32),
+    /// When the inode last changed (data or metadata, xattrs included).
+    pub ctime: (i64, u32),
 }
 
 impl Stat {
@@ -72,6 +74,7 @@ impl Stat {
             rdev: (x.stx_rdev_major, x.stx_rdev_minor),
             atime: (x.stx_atime.tv_sec, x.stx_atime.tv_nsec),
             mtime: (x.stx_mtime.tv_sec, x.stx_mtime.tv_nsec),
+            ctime: (x.stx_ctime.tv_sec, x.stx_ctime.tv_nsec),
         }
     }
 }
@@ -85,6 +88,7 @@ fn statx_mask() -> rustix::fs::StatxFlags {
         | F::GID
         | F::ATIME
         | F::MTIME
+        | F::CTIME
         | F::INO
         | F::SIZE
         | F::BLOCKS
