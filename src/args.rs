@@ -81,6 +81,28 @@ fn parse_jobs(s: &str) -> Result<Jobs, String> {
         .map_err(|_| format!("invalid stream count {s:?}: a number, or auto"))
 }
 
+/// How a job reports.
+#[derive(Args)]
+pub struct Show {
+    /// Print one JSON object per line on stdout; the last is the summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Show a progress bar even when stderr is not a terminal.
+    #[arg(long, overrides_with = "no_progress")]
+    pub progress: bool,
+    /// Never show a progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+impl Show {
+    /// Whether to draw progress on stderr.
+    pub fn bar(&self) -> bool {
+        use std::io::IsTerminal;
+        !self.no_progress && (self.progress || std::io::stderr().is_terminal())
+    }
+}
+
 /// What every job command takes: the two sides, the pool, the filters,
 /// and how it reports.
 #[derive(Args)]
@@ -117,15 +139,8 @@ pub struct JobArgs {
     /// fit [default: an eighth of RAM].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub mem_limit: Option<u64>,
-    /// Print one JSON object per line on stdout; the last is the summary.
-    #[arg(long)]
-    pub json: bool,
-    /// Show a progress bar even when stderr is not a terminal.
-    #[arg(long, overrides_with = "no_progress")]
-    pub progress: bool,
-    /// Never show a progress bar.
-    #[arg(long)]
-    pub no_progress: bool,
+    #[command(flatten)]
+    pub show: Show,
     /// The saved probe for this pair, looked up once.
     #[arg(skip)]
     saved: std::cell::OnceCell<Option<crate::saved::Saved>>,
@@ -302,15 +317,8 @@ pub struct ImageArgs {
     /// The most memory the job may use [default: an eighth of RAM].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub mem_limit: Option<u64>,
-    /// Print one JSON object per line on stdout; the last is the summary.
-    #[arg(long)]
-    pub json: bool,
-    /// Show a progress bar even when stderr is not a terminal.
-    #[arg(long, overrides_with = "no_progress")]
-    pub progress: bool,
-    /// Never show a progress bar.
-    #[arg(long)]
-    pub no_progress: bool,
+    #[command(flatten)]
+    pub show: Show,
 }
 
 impl ImageArgs {

@@ -1,8 +1,8 @@
 //! `sluice image` (and `sluice verify` of an image pair): runs the
 //! engine's image job and reports it.
 
-use crate::args::ImageArgs;
-use crate::output::{busy_json, busy_line, cancel_on_signals, ms, progress, rate, Printer};
+use crate::args::{ImageArgs, Show};
+use crate::output::{busy_json, busy_line, cancel_on_signals, eta, ms, progress, rate, Printer};
 use crate::size::human_bytes;
 use serde_json::json;
 use sluice_engine::image::{ImageMode, ImageOptions, ImageReport, ImageStats};
@@ -13,21 +13,9 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How the run's output is shown.
-pub struct Show {
-    pub json: bool,
-    pub progress: bool,
-    pub no_progress: bool,
-}
-
 pub fn run(args: &ImageArgs) -> ExitCode {
-    let show = Show {
-        json: args.json,
-        progress: args.progress,
-        no_progress: args.no_progress,
-    };
     match args.options() {
-        Ok(opts) => run_with(&args.src, &args.dst, opts, &show),
+        Ok(opts) => run_with(&args.src, &args.dst, opts, &args.show),
         Err(msg) => {
             eprintln!("sluice: error: {msg}");
             ExitCode::from(2)
@@ -44,14 +32,12 @@ pub fn is_image_pair(src: &Path, dst: &Path) -> bool {
 }
 
 pub fn run_with(src: &Path, dst: &Path, opts: ImageOptions, show: &Show) -> ExitCode {
-    use std::io::IsTerminal;
     let cancel = cancel_on_signals();
     let stats = Arc::new(ImageStats::default());
     let printer = Printer::new(show.json);
     let start = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
-    let show_bar = !show.no_progress && (show.progress || std::io::stderr().is_terminal());
-    let ticker = show_bar.then(|| {
+    let ticker = show.bar().then(|| {
         let stats = stats.clone();
         progress(&printer, done.clone(), move || {
             progress_line(&stats, start.elapsed())
@@ -98,17 +84,7 @@ fn progress_line(s: &ImageStats, elapsed: Duration) -> String {
     let done = s.bytes_done.load(Relaxed) as f64;
     let size = s.size.load(Relaxed) as f64;
     let speed = rate(done, elapsed);
-    let eta = if speed > 0.0 && size > done {
-        let secs = ((size - done) / speed) as u64;
-        format!(
-            "  ETA {}:{:02}:{:02}",
-            secs / 3600,
-            secs / 60 % 60,
-            secs % 60
-        )
-    } else {
-        String::new()
-    };
+    let eta = eta(size - done, speed);
     format!(
         "{}/{} scanned  {} written  {}/s{eta}",
         human_bytes(done),

@@ -53,12 +53,7 @@ fn main() -> ExitCode {
                 },
                 ..Default::default()
             };
-            let show = image::Show {
-                json: c.job.json,
-                progress: c.job.progress,
-                no_progress: c.job.no_progress,
-            };
-            image::run_with(&c.job.src, &c.job.dst, opts, &show)
+            image::run_with(&c.job.src, &c.job.dst, opts, &c.job.show)
         }
         args::Command::Verify(c) => {
             let opts = c.options();

@@ -97,7 +97,7 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
             return ExitCode::from(2);
         }
     };
-    if let (Some(saved), false) = (args.saved_probe(), args.json) {
+    if let (Some(saved), false) = (args.saved_probe(), args.show.json) {
         eprintln!(
             "sluice: -j auto starts at {} streams, as `sluice probe --save` found for {} -> {}",
             opts.jobs,
@@ -107,11 +107,10 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
     }
     let cancel = cancel_on_signals();
     let stats = Arc::new(Stats::default());
-    let printer = Printer::new(args.json);
+    let printer = Printer::new(args.show.json);
     let start = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
-    let show_bar = !args.no_progress && (args.progress || std::io::stderr().is_terminal());
-    let ticker = show_bar.then(|| {
+    let ticker = args.show.bar().then(|| {
         let stats = stats.clone();
         // The walk runs alongside the copy, so totals grow until it is
         // over; an ETA is shown only once they held still for a second.
@@ -145,7 +144,7 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
         Err(_) => (2, "failed"),
     };
     if let Err(e) = &result {
-        if args.json {
+        if args.show.json {
             println!("{}", json!({"type": "fatal", "error": e.to_string()}));
         }
         eprintln!("sluice: error: {e}");
@@ -156,7 +155,7 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
     if result.as_ref().is_ok_and(|o| *o == Outcome::Interrupted) {
         eprintln!("sluice: interrupted; run the same command again to finish");
     }
-    if args.json {
+    if args.show.json {
         println!("{}", summary_json(&summary, outcome, kind));
     } else if !matches!(
         result,
@@ -216,6 +215,20 @@ pub fn progress(
     })
 }
 
+/// "  ETA h:mm:ss" for `left` bytes at `speed` bytes/s; empty when unknown.
+pub fn eta(left: f64, speed: f64) -> String {
+    if speed <= 0.0 || left <= 0.0 {
+        return String::new();
+    }
+    let secs = (left / speed) as u64;
+    format!(
+        "  ETA {}:{:02}:{:02}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
 /// A per-second rate with sensible precision (`0.3`, `12`, `9285`).
 fn per_s(n: f64, elapsed: Duration) -> String {
     let r = rate(n, elapsed);
@@ -243,16 +256,8 @@ fn progress_line(stats: &Stats, elapsed: Duration, walk_settled: bool) -> String
     let speed = rate(bytes, elapsed);
     let eta = if !walk_settled {
         "  (still walking)".to_string()
-    } else if speed > 0.0 && bytes_found > bytes {
-        let secs = ((bytes_found - bytes) / speed) as u64;
-        format!(
-            "  ETA {}:{:02}:{:02}",
-            secs / 3600,
-            secs / 60 % 60,
-            secs % 60
-        )
     } else {
-        String::new()
+        eta(bytes_found - bytes, speed)
     };
     format!(
         "{done}/{found} entries  {}/{}  {}/s  {} files/s{eta}",

@@ -124,9 +124,9 @@ pub fn run(args: &WatchArgs) -> ExitCode {
     }
     let cancel = cancel_on_signals();
     let printer = Arc::new(WatchPrinter {
-        json: args.job.json,
-        quiet: args.job.no_progress && args.job.json,
-        entries: Printer::new(args.job.json),
+        json: args.job.show.json,
+        quiet: args.job.show.no_progress && args.job.show.json,
+        entries: Printer::new(args.job.show.json),
     });
     let wopts = WatchOptions {
         rescan: Duration::from_secs_f64(args.rescan),
@@ -144,14 +144,14 @@ pub fn run(args: &WatchArgs) -> ExitCode {
     );
     match result {
         Err(e) => {
-            if args.job.json {
+            if args.job.show.json {
                 line(json!({"type": "fatal", "error": e.to_string()}));
             }
             eprintln!("sluice: error: {e}");
             ExitCode::from(2)
         }
         Ok(t) => {
-            summary(&t, start.elapsed(), args.job.json);
+            summary(&t, start.elapsed(), args.job.show.json);
             ExitCode::from(if t.errors > 0 { 1 } else { 0 })
         }
     }

@@ -98,6 +98,24 @@ pub enum JobError {
     Fatal(EntryError),
 }
 
+impl JobError {
+    /// SRC (at `path`) cannot be used.
+    pub fn source(path: &std::path::Path, e: impl Into<std::io::Error>) -> JobError {
+        JobError::Source {
+            path: path.to_owned(),
+            source: e.into(),
+        }
+    }
+
+    /// DST (at `path`) cannot be used.
+    pub fn destination(path: &std::path::Path, e: impl Into<std::io::Error>) -> JobError {
+        JobError::Destination {
+            path: path.to_owned(),
+            source: e.into(),
+        }
+    }
+}
+
 fn hint(e: &EntryError) -> &'static str {
     match e.reason {
         Reason::Os(Errno::NOSPC) | Reason::Os(Errno::DQUOT) => {

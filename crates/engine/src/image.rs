@@ -211,20 +211,6 @@ pub fn mount_of(dev: (u32, u32), path: &Path) -> Option<(String, bool)> {
     found
 }
 
-fn src_err(path: &Path, e: impl Into<std::io::Error>) -> JobError {
-    JobError::Source {
-        path: path.to_owned(),
-        source: e.into(),
-    }
-}
-
-fn dst_err(path: &Path, e: impl Into<std::io::Error>) -> JobError {
-    JobError::Destination {
-        path: path.to_owned(),
-        source: e.into(),
-    }
-}
-
 fn map_err(path: &Path) -> impl Fn(String) -> JobError + '_ {
     move |e| JobError::Usage(format!("chunk map {}: {e}", path.display()))
 }
@@ -239,8 +225,8 @@ struct Source {
 }
 
 fn open_source(src: &Path, opts: &ImageOptions) -> Result<Source, JobError> {
-    let fd = sluice_sys::open_image(src, false, false).map_err(|e| src_err(src, e))?;
-    let st = sluice_sys::stat_fd(fd.as_fd()).map_err(|e| src_err(src, e))?;
+    let fd = sluice_sys::open_image(src, false, false).map_err(|e| JobError::source(src, e))?;
+    let st = sluice_sys::stat_fd(fd.as_fd()).map_err(|e| JobError::source(src, e))?;
     let device = match st.file_type() {
         FileType::BlockDevice => true,
         FileType::RegularFile => false,
@@ -262,7 +248,7 @@ fn open_source(src: &Path, opts: &ImageOptions) -> Result<Source, JobError> {
         }
     }
     let size = if device {
-        sluice_sys::end_of(fd.as_fd()).map_err(|e| src_err(src, e))?
+        sluice_sys::end_of(fd.as_fd()).map_err(|e| JobError::source(src, e))?
     } else {
         st.size
     };
@@ -287,7 +273,8 @@ struct Target {
 
 impl Target {
     fn ident(&self, size: u64) -> Result<Ident, JobError> {
-        let st = sluice_sys::stat_fd(self.fd.as_fd()).map_err(|e| dst_err(&self.path, e))?;
+        let st = sluice_sys::stat_fd(self.fd.as_fd())
+            .map_err(|e| JobError::destination(&self.path, e))?;
         Ok(Ident::of(&st, size))
     }
 }
@@ -335,10 +322,11 @@ fn open_target(
                     "{} is mounted or in use; unmount it first",
                     path.display()
                 )),
-                e => dst_err(path, e),
+                e => JobError::destination(path, e),
             })?;
             if device {
-                let have = sluice_sys::end_of(fd.as_fd()).map_err(|e| dst_err(path, e))?;
+                let have =
+                    sluice_sys::end_of(fd.as_fd()).map_err(|e| JobError::destination(path, e))?;
                 if have < size {
                     return Err(JobError::Usage(format!(
                         "{} holds {have} bytes, less than the {size} of the source",
@@ -357,7 +345,8 @@ fn open_target(
             // One temporary name per target, so a run killed at any point
             // leaves nothing the next run does not find again.
             let (dir, final_name) = parent_of(path);
-            let dir_fd = sluice_sys::open_dir_path(&dir).map_err(|e| dst_err(&dir, e))?;
+            let dir_fd =
+                sluice_sys::open_dir_path(&dir).map_err(|e| JobError::destination(&dir, e))?;
             let name = CString::new(format!(
                 ".sluice-{:x}-0.tmp",
                 xxhash_rust::xxh3::xxh3_64(final_name.as_bytes())
@@ -369,18 +358,20 @@ fn open_target(
                 Ok(fd) => {
                     // Left by a run killed before its map named it: its
                     // content is unknown, so it starts over empty.
-                    sluice_sys::set_len(fd.as_fd(), 0).map_err(|e| dst_err(path, e))?;
+                    sluice_sys::set_len(fd.as_fd(), 0)
+                        .map_err(|e| JobError::destination(path, e))?;
                     (fd, true)
                 }
                 Err(Errno::NOENT) => (
                     sluice_sys::create_excl_at(dir_fd.as_fd(), &name, perm)
-                        .map_err(|e| dst_err(path, e))?,
+                        .map_err(|e| JobError::destination(path, e))?,
                     true,
                 ),
-                Err(e) => return Err(dst_err(path, e)),
+                Err(e) => return Err(JobError::destination(path, e)),
             };
             if fresh {
-                sluice_sys::set_len(fd.as_fd(), size).map_err(|e| dst_err(path, e))?;
+                sluice_sys::set_len(fd.as_fd(), size)
+                    .map_err(|e| JobError::destination(path, e))?;
             }
             Ok(Target {
                 fd,
@@ -389,7 +380,7 @@ fn open_target(
                 temp: Some((name, dir_fd, fresh)),
             })
         }
-        Err(e) => Err(dst_err(path, e)),
+        Err(e) => Err(JobError::destination(path, e)),
     }
 }
 
@@ -814,7 +805,7 @@ pub fn image(
     if !opts.check {
         if writes {
             if let Some(dir) = map_path.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| dst_err(dir, e))?;
+                std::fs::create_dir_all(dir).map_err(|e| JobError::destination(dir, e))?;
             }
         }
         if writes || map_path.exists() {
@@ -841,11 +832,11 @@ pub fn image(
         Some(fd) => Some(fd),
         None if dst_path.exists() => {
             read_fd = sluice_sys::open_image(&dst_path, false, false)
-                .map_err(|e| dst_err(&dst_path, e))?;
+                .map_err(|e| JobError::destination(&dst_path, e))?;
             Some(&read_fd)
         }
         None if opts.check => {
-            return Err(dst_err(
+            return Err(JobError::destination(
                 &dst_path,
                 std::io::Error::from(std::io::ErrorKind::NotFound),
             ))
@@ -856,7 +847,7 @@ pub fn image(
     // Which way this run goes, and what it may believe of DST.
     let dst_ident = match dst_fd {
         Some(fd) => Some(Ident::of(
-            &sluice_sys::stat_fd(fd.as_fd()).map_err(|e| dst_err(&dst_path, e))?,
+            &sluice_sys::stat_fd(fd.as_fd()).map_err(|e| JobError::destination(&dst_path, e))?,
             size,
         )),
         None => None,
@@ -958,7 +949,8 @@ pub fn image(
             m.truncate(chunks).map_err(map_err(&map_path))?;
         }
         if !t.device && !fresh_temp {
-            sluice_sys::set_len(t.fd.as_fd(), size).map_err(|e| dst_err(&dst_path, e))?;
+            sluice_sys::set_len(t.fd.as_fd(), size)
+                .map_err(|e| JobError::destination(&dst_path, e))?;
         }
     }
 
@@ -1022,7 +1014,7 @@ pub fn image(
     let busy = run.gauge.busy(started.elapsed());
     let fatal = run.fatal.lock().expect("fatal lock").take();
     drop(run);
-    committed.map_err(|e| dst_err(&dst_path, std::io::Error::other(e)))?;
+    committed.map_err(|e| JobError::destination(&dst_path, std::io::Error::other(e)))?;
     if let Some(e) = fatal {
         return Err(JobError::Fatal(e));
     }
@@ -1033,7 +1025,7 @@ pub fn image(
     }
     if let (Some(m), Some(t)) = (&map, &target) {
         // Everything is recorded; DST durable and in place, then "clean".
-        sluice_sys::sync(t.fd.as_fd()).map_err(|e| dst_err(&dst_path, e))?;
+        sluice_sys::sync(t.fd.as_fd()).map_err(|e| JobError::destination(&dst_path, e))?;
         if failed {
             // An incomplete first copy keeps its temporary for the next run.
             return Ok((Outcome::Partial, report(busy)));
@@ -1041,7 +1033,7 @@ pub fn image(
         if let Some((name, dir, _)) = &t.temp {
             let (_, final_name) = parent_of(&dst_path);
             sluice_sys::rename_at(dir.as_fd(), name, dir.as_fd(), &final_name)
-                .map_err(|e| dst_err(&dst_path, e))?;
+                .map_err(|e| JobError::destination(&dst_path, e))?;
             let _ = sluice_sys::sync(dir.as_fd());
         }
         let src_now = sluice_sys::stat_fd(source.fd.as_fd()).ok();

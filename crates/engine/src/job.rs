@@ -700,20 +700,6 @@ struct Roots {
     single: Option<(CString, CString, Stat)>,
 }
 
-fn src_err(path: &Path, e: impl Into<std::io::Error>) -> JobError {
-    JobError::Source {
-        path: path.to_owned(),
-        source: e.into(),
-    }
-}
-
-fn dst_err(path: &Path, e: impl Into<std::io::Error>) -> JobError {
-    JobError::Destination {
-        path: path.to_owned(),
-        source: e.into(),
-    }
-}
-
 /// The absolute, symlink-free form of a path that may not exist yet: its
 /// deepest existing ancestor canonicalized, the rest appended.
 fn resolve(path: &Path) -> std::io::Result<PathBuf> {
@@ -741,8 +727,8 @@ fn resolve(path: &Path) -> std::io::Result<PathBuf> {
 
 impl Roots {
     fn tree(src: &Path, dst: &Path, access: Access) -> Result<Roots, JobError> {
-        let src_abs = resolve(src).map_err(|e| src_err(src, e))?;
-        let dst_abs = resolve(dst).map_err(|e| dst_err(dst, e))?;
+        let src_abs = resolve(src).map_err(|e| JobError::source(src, e))?;
+        let dst_abs = resolve(dst).map_err(|e| JobError::destination(dst, e))?;
         if dst_abs.starts_with(&src_abs) || src_abs.starts_with(&dst_abs) {
             return Err(JobError::Usage(format!(
                 "source {} and destination {} overlap; refusing to copy a tree into itself",
@@ -750,16 +736,16 @@ impl Roots {
                 dst.display()
             )));
         }
-        let src_fd = sluice_sys::open_dir_path(src).map_err(|e| src_err(src, e))?;
+        let src_fd = sluice_sys::open_dir_path(src).map_err(|e| JobError::source(src, e))?;
         let dst_existed = dst.is_dir();
         let dst_fd = if access == Access::Peek {
             dst.is_dir()
-                .then(|| sluice_sys::open_dir_path(dst).map_err(|e| dst_err(dst, e)))
+                .then(|| sluice_sys::open_dir_path(dst).map_err(|e| JobError::destination(dst, e)))
                 .transpose()?
         } else if access == Access::Read {
-            Some(sluice_sys::open_dir_path(dst).map_err(|e| dst_err(dst, e))?)
+            Some(sluice_sys::open_dir_path(dst).map_err(|e| JobError::destination(dst, e))?)
         } else {
-            std::fs::create_dir_all(dst).map_err(|e| dst_err(dst, e))?;
+            std::fs::create_dir_all(dst).map_err(|e| JobError::destination(dst, e))?;
             let fd = writable_dir(dst)?;
             // One writer per DST (guarantee 6). The lock lives on DST's own
             // directory, so no lock file is ever left inside it.
@@ -780,7 +766,7 @@ impl Roots {
                         dst.display()
                     )))
                 }
-                Err(e) => return Err(dst_err(dst, e)),
+                Err(e) => return Err(JobError::destination(dst, e)),
                 Ok(()) => {}
             }
             Some(fd)
@@ -798,7 +784,7 @@ impl Roots {
 
     fn file(src: &Path, dst: &Path, access: Access) -> Result<Roots, JobError> {
         // The root is named by the user, so a symlink there is followed.
-        let real = src.canonicalize().map_err(|e| src_err(src, e))?;
+        let real = src.canonicalize().map_err(|e| JobError::source(src, e))?;
         let src_dir = real.parent().unwrap_or(Path::new("/"));
         let src_name = real
             .file_name()
@@ -819,26 +805,32 @@ impl Roots {
             (dir, name.to_owned())
         };
         let dst_full = dst_dir.join(&dst_name);
-        if resolve(&dst_full).map_err(|e| dst_err(dst, e))? == real {
+        if resolve(&dst_full).map_err(|e| JobError::destination(dst, e))? == real {
             return Err(JobError::Usage(format!(
                 "source {} and destination {} are the same file",
                 src.display(),
                 dst.display()
             )));
         }
-        let src_fd = sluice_sys::open_dir_path(src_dir).map_err(|e| src_err(src_dir, e))?;
+        let src_fd =
+            sluice_sys::open_dir_path(src_dir).map_err(|e| JobError::source(src_dir, e))?;
         let st = sluice_sys::stat_at(sluice_sys::fd(&src_fd), &cstring(src_name.as_bytes()))
-            .map_err(|e| src_err(src, e))?;
+            .map_err(|e| JobError::source(src, e))?;
         let dst_fd = match access {
             Access::Peek => dst_dir
                 .is_dir()
-                .then(|| sluice_sys::open_dir_path(&dst_dir).map_err(|e| dst_err(&dst_dir, e)))
+                .then(|| {
+                    sluice_sys::open_dir_path(&dst_dir)
+                        .map_err(|e| JobError::destination(&dst_dir, e))
+                })
                 .transpose()?,
-            Access::Read => {
-                Some(sluice_sys::open_dir_path(&dst_dir).map_err(|e| dst_err(&dst_dir, e))?)
-            }
+            Access::Read => Some(
+                sluice_sys::open_dir_path(&dst_dir)
+                    .map_err(|e| JobError::destination(&dst_dir, e))?,
+            ),
             Access::Write | Access::WriteLocked => {
-                std::fs::create_dir_all(&dst_dir).map_err(|e| dst_err(&dst_dir, e))?;
+                std::fs::create_dir_all(&dst_dir)
+                    .map_err(|e| JobError::destination(&dst_dir, e))?;
                 Some(writable_dir(&dst_dir)?)
             }
         };
@@ -861,8 +853,9 @@ impl Roots {
 /// unwritable or read-only DST stops the job before it starts (exit 2),
 /// rather than failing every entry one by one.
 fn writable_dir(dir: &Path) -> Result<OwnedFd, JobError> {
-    let fd = sluice_sys::open_dir_path(dir).map_err(|e| dst_err(dir, e))?;
-    sluice_sys::check_writable_dir(sluice_sys::fd(&fd)).map_err(|e| dst_err(dir, e))?;
+    let fd = sluice_sys::open_dir_path(dir).map_err(|e| JobError::destination(dir, e))?;
+    sluice_sys::check_writable_dir(sluice_sys::fd(&fd))
+        .map_err(|e| JobError::destination(dir, e))?;
     Ok(fd)
 }
 

@@ -217,14 +217,8 @@ pub fn watch(
             src.display()
         )));
     }
-    let src = src.canonicalize().map_err(|e| JobError::Source {
-        path: src.to_owned(),
-        source: e,
-    })?;
-    let dst_err = |e: std::io::Error| JobError::Destination {
-        path: dst.to_owned(),
-        source: e,
-    };
+    let src = src.canonicalize().map_err(|e| JobError::source(src, e))?;
+    let dst_err = |e: std::io::Error| JobError::destination(dst, e);
     std::fs::create_dir_all(dst).map_err(dst_err)?;
     let dst_dir = std::fs::File::open(dst).map_err(dst_err)?;
     match sluice_sys::try_lock(sluice_sys::fd(&dst_dir)) {
@@ -240,10 +234,7 @@ pub fn watch(
     let meta = dst_dir.metadata().map_err(dst_err)?;
     let dst_id = (meta.dev(), meta.ino());
 
-    let inotify = Inotify::new().map_err(|e| JobError::Source {
-        path: src.clone(),
-        source: e.into(),
-    })?;
+    let inotify = Inotify::new().map_err(|e| JobError::source(&src, e))?;
     let mut watches = Watches {
         inotify,
         src: src.clone(),
@@ -278,10 +269,10 @@ pub fn watch(
         } else {
             Duration::from_millis(200)
         };
-        let events = watches.inotify.read(wait).map_err(|e| JobError::Source {
-            path: w.src.clone(),
-            source: e.into(),
-        })?;
+        let events = watches
+            .inotify
+            .read(wait)
+            .map_err(|e| JobError::source(&w.src, e))?;
         let now = Instant::now();
         if !events.is_empty() {
             last_event = now;
