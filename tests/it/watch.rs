@@ -255,3 +255,20 @@ fn excludes_hold_for_changes_below_src() {
     let (code, _) = w.stop();
     assert_eq!(code, 0);
 }
+
+#[test]
+fn overlapping_paths_stop_the_watch_at_once() {
+    let d = disk_dir("watch");
+    let src = d.path().join("src");
+    write(&src.join("a"), b"a");
+    let o = sluice()
+        .arg("watch")
+        .arg(&src)
+        .arg(src.join("inside"))
+        .arg("--no-progress")
+        .output()
+        .unwrap();
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("overlap"), "{}", stderr(&o));
+    assert!(!src.join("inside").exists(), "DST was created inside SRC");
+}

@@ -702,7 +702,7 @@ struct Roots {
 
 /// The absolute, symlink-free form of a path that may not exist yet: its
 /// deepest existing ancestor canonicalized, the rest appended.
-fn resolve(path: &Path) -> std::io::Result<PathBuf> {
+pub(crate) fn resolve(path: &Path) -> std::io::Result<PathBuf> {
     let abs = std::path::absolute(path)?;
     let mut existing = abs.as_path();
     let mut rest = Vec::new();

@@ -219,6 +219,15 @@ pub fn watch(
     }
     let src = src.canonicalize().map_err(|e| JobError::source(src, e))?;
     let dst_err = |e: std::io::Error| JobError::destination(dst, e);
+    // Checked before DST is created: it must not appear inside SRC.
+    let dst_abs = crate::job::resolve(dst).map_err(dst_err)?;
+    if dst_abs.starts_with(&src) || src.starts_with(&dst_abs) {
+        return Err(JobError::Usage(format!(
+            "source {} and destination {} overlap; refusing to replicate a tree into itself",
+            src.display(),
+            dst.display()
+        )));
+    }
     std::fs::create_dir_all(dst).map_err(dst_err)?;
     let dst_dir = std::fs::File::open(dst).map_err(dst_err)?;
     match sluice_sys::try_lock(sluice_sys::fd(&dst_dir)) {
@@ -336,6 +345,9 @@ pub fn watch(
         };
         match result {
             Ok(()) => backoff = Duration::from_millis(250),
+            // Bad usage (SRC and DST overlap, say), or a DST that cannot
+            // take the initial sync: say so and stop, rather than wait.
+            Err(e) if matches!(e, JobError::Usage(_)) || w.totals.passes == 0 => return Err(e),
             Err(e) => {
                 // DST failed as a whole (gone, full, read-only): the
                 // changes wait and the attempt is repeated.
