@@ -148,7 +148,7 @@ def incrementals(src, size, rounds, modes=("", " --no-direct")):
             secs, rss, code = run(cmd)
             s = json.loads(open("/tmp/bench-image.json").read().strip().splitlines()[-1])
             ok = code == 0 and sh(f"cmp -s {src} {dst}", check=False).returncode == 0
-            res["runs"].append({"direct": bool(direct), "full_s": full, "incremental_s": secs,
+            res["runs"].append({"no_direct": bool(direct), "full_s": full, "incremental_s": secs,
                                 "chunks_written": s["chunks_written"], "bytes_written": s["bytes_copied"],
                                 "bytes_read": s["bytes_read"],
                                 "ok": ok, "rss_kib": rss})
@@ -260,6 +260,17 @@ def all_runs(rs):
     return ", ".join(f"{r['seconds']:.1f}" for r in rs)
 
 
+def timed_rows(runs, middle):
+    """Table rows, fastest first: name, best, all runs, middle(best), max RSS."""
+    rows = []
+    for name, rs in sorted(runs.items(), key=lambda kv: best(kv[1])):
+        b = best(rs)
+        flag = "" if all(r["ok"] for r in rs) else " (FAILED)"
+        rows.append(f"| {name}{flag} | {b:.2f} | {all_runs(rs)} | {middle(b)} | "
+                    f"{max(r['rss_kib'] for r in rs) / 1024:.0f} |")
+    return rows
+
+
 def render(res):
     m = res["machine"]
     size = res["size"]
@@ -275,12 +286,7 @@ def render(res):
         L += [f"## Full image of a {size / 2**30:.0f} GiB file", "",
               "| tool | best s | all runs s | MB/s | share of the copy limit | max RSS MiB |",
               "|---|---:|---|---:|---:|---:|"]
-        for name, rs in sorted(runs.items(), key=lambda kv: best(kv[1])):
-            b = best(rs)
-            flag = "" if all(r["ok"] for r in rs) else " (FAILED)"
-            L.append(f"| {name}{flag} | {b:.2f} | {all_runs(rs)} | "
-                     f"{size / b / 1e6:.0f} | {size / b / 1e6 / lim['copy_MBps']:.2f} | "
-                     f"{max(r['rss_kib'] for r in rs) / 1024:.0f} |")
+        L += timed_rows(runs, lambda b: f"{size / b / 1e6:.0f} | {size / b / 1e6 / lim['copy_MBps']:.2f}")
         L.append("")
     for key, where in (("incremental", "SRC on the root ext4"), ("btrfs_incremental", "SRC on btrfs")):
         if key not in res:
@@ -291,7 +297,8 @@ def render(res):
               "|---|---:|---:|---:|---:|---:|---:|"]
         for r in inc["runs"]:
             flag = "" if r["ok"] else " (FAILED)"
-            L.append(f"| {'--no-direct' if r['direct'] else 'O_DIRECT (default)'}{flag} | {r['full_s']:.2f} | "
+            no_direct = r.get("no_direct", r.get("direct"))
+            L.append(f"| {'--no-direct' if no_direct else 'O_DIRECT (default)'}{flag} | {r['full_s']:.2f} | "
                      f"{r['incremental_s']:.2f} | {r['incremental_s'] / r['full_s']:.3f} | "
                      f"{r['chunks_written']} | {r['bytes_written'] / 2**20:.1f} | "
                      f"{r.get('bytes_read', 0) / 2**20:.0f} |")
@@ -303,11 +310,7 @@ def render(res):
         L += [f"## The dense set as an ext4 volume: {d['files']} files in {d['volume_bytes'] / 2**30:.0f} GiB", "",
               "| tool | best s | all runs s | speed vs best file-level copy | max RSS MiB |",
               "|---|---:|---|---:|---:|"]
-        for name, rs in sorted(runs.items(), key=lambda kv: best(kv[1])):
-            b = best(rs)
-            flag = "" if all(r["ok"] for r in rs) else " (FAILED)"
-            L.append(f"| {name}{flag} | {b:.2f} | {all_runs(rs)} | "
-                     f"{files_best / b:.1f}x | {max(r['rss_kib'] for r in rs) / 1024:.0f} |")
+        L += timed_rows(runs, lambda b: f"{files_best / b:.1f}x")
         L.append("")
     return "\n".join(L)
 

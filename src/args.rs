@@ -435,6 +435,18 @@ impl SyncArgs {
 }
 
 impl VerifyArgs {
+    /// Options for verifying an image pair (a block device on a side).
+    pub fn image_options(&self) -> ImageOptions {
+        ImageOptions {
+            check: true,
+            jobs: match self.job.jobs {
+                Some(Jobs::Fixed(n)) => n.max(1),
+                _ => sluice_engine::image::IMAGE_JOBS,
+            },
+            ..ImageOptions::default()
+        }
+    }
+
     pub fn options(&self) -> Result<CopyOptions, String> {
         Ok(CopyOptions {
             check: Some(Check {

@@ -45,15 +45,7 @@ fn main() -> ExitCode {
         args::Command::Image(c) => image::run(&c),
         args::Command::Watch(c) => watch::run(&c),
         args::Command::Verify(c) if image::is_image_pair(&c.job.src, &c.job.dst) => {
-            let opts = sluice_engine::image::ImageOptions {
-                check: true,
-                jobs: match c.job.jobs {
-                    Some(args::Jobs::Fixed(n)) => n.max(1),
-                    _ => sluice_engine::image::IMAGE_JOBS,
-                },
-                ..Default::default()
-            };
-            image::run_with(&c.job.src, &c.job.dst, opts, &c.job.show)
+            image::run_with(&c.job.src, &c.job.dst, c.image_options(), &c.job.show)
         }
         args::Command::Verify(c) => {
             let opts = c.options();

@@ -272,3 +272,24 @@ fn overlapping_paths_stop_the_watch_at_once() {
     assert!(stderr(&o).contains("overlap"), "{}", stderr(&o));
     assert!(!src.join("inside").exists(), "DST was created inside SRC");
 }
+
+/// A directory replaced by a file of the same name: the pass for the
+/// directory is skipped (a job on it would copy the file *into* DST's old
+/// directory). The old directory stays in DST's way: `sync --delete` does
+/// not yet replace a directory by a file (it reports it, exit 1).
+#[test]
+fn a_directory_replaced_by_a_file_is_not_copied_into_itself() {
+    let d = disk_dir("watch");
+    let (src, dst) = (d.path().join("src"), d.path().join("dst"));
+    write(&src.join("d/inner"), b"inner");
+    let w = Watch::start(&src, &dst, &[]);
+    fs::remove_dir_all(src.join("d")).unwrap();
+    write(&src.join("d"), b"now a file");
+    w.wait_for("the pass", |v| v["type"] == "pass" && v["full"] == false);
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(
+        !dst.join("d/d").exists(),
+        "the file was copied into the directory"
+    );
+    drop(w);
+}

@@ -693,25 +693,31 @@ impl Run<'_> {
         if zero {
             return self.zeros(dst, off, data.len());
         }
-        let mut at = 0;
-        while at < data.len() {
-            let run_zero = is_zero(&data[at..(at + SPARSE_BLOCK).min(data.len())]);
-            let mut end = at;
-            while end < data.len() {
-                let block = &data[end..(end + SPARSE_BLOCK).min(data.len())];
-                if is_zero(block) != run_zero {
-                    break;
+        // Each block is checked once; a run ends where the kind changes.
+        let mut run: Option<(usize, bool)> = None;
+        for (k, block) in data.chunks(SPARSE_BLOCK).enumerate() {
+            let (start, zero) = (k * SPARSE_BLOCK, is_zero(block));
+            match run {
+                Some((_, z)) if z == zero => {}
+                Some((from, z)) => {
+                    self.put_run(dst, &data[from..start], off + from as u64, z)?;
+                    run = Some((start, zero));
                 }
-                end += block.len();
+                None => run = Some((start, zero)),
             }
-            if run_zero {
-                self.zeros(dst, off + at as u64, end - at)?;
-            } else {
-                self.put(dst, &data[at..end], off + at as u64)?;
-            }
-            at = end;
         }
-        Ok(())
+        match run {
+            Some((from, z)) => self.put_run(dst, &data[from..], off + from as u64, z),
+            None => Ok(()),
+        }
+    }
+
+    fn put_run(&self, dst: BorrowedFd<'_>, data: &[u8], off: u64, zero: bool) -> Result<(), Errno> {
+        if zero {
+            self.zeros(dst, off, data.len())
+        } else {
+            self.put(dst, data, off)
+        }
     }
 
     fn put(&self, dst: BorrowedFd<'_>, data: &[u8], off: u64) -> Result<(), Errno> {
@@ -933,16 +939,20 @@ pub fn image(
         .as_ref()
         .and_then(|t| t.temp.as_ref())
         .map(|(n, _, _)| n.to_string_lossy().into_owned());
-    if let (true, Some(m), Some(t)) = (writes, &map, &target) {
-        let hd = Header {
+    // The header as a run leaves it: dirty while it writes, clean after.
+    let header_now = |t: &Target, clean: bool, src: Ident, temp: Option<String>| {
+        Ok::<_, JobError>(Header {
             chunk_size: opts.chunk_size,
             size,
             generation,
-            clean: false,
+            clean,
             dst: t.ident(size)?,
-            src: Ident::default(),
-            temp: temp_name,
-        };
+            src,
+            temp,
+        })
+    };
+    if let (true, Some(m), Some(t)) = (writes, &map, &target) {
+        let hd = header_now(t, false, Ident::default(), temp_name)?;
         let reset = mode != ImageMode::Incremental;
         m.set_header(&hd, reset).map_err(map_err(&map_path))?;
         if mode == ImageMode::Incremental && h.is_some_and(|h| h.size > size) {
@@ -954,11 +964,10 @@ pub fn image(
         }
     }
 
+    // Where a file system refuses O_DIRECT, that side stays buffered.
     let direct = |fd: BorrowedFd<'_>| opts.direct && sluice_sys::set_direct(fd, true).is_ok();
-    if opts.direct {
-        direct(source.fd.as_fd());
-    }
-    let direct_dst = dst_fd.is_some_and(|fd| opts.direct && direct(fd.as_fd()));
+    direct(source.fd.as_fd());
+    let direct_dst = dst_fd.is_some_and(|fd| direct(fd.as_fd()));
     let run = Run {
         opts: &opts,
         src: &source,
@@ -1038,19 +1047,12 @@ pub fn image(
         }
         let src_now = sluice_sys::stat_fd(source.fd.as_fd()).ok();
         let src_still = src_now.is_some_and(|st| Ident::of(&st, size) == src_ident);
-        let hd = Header {
-            chunk_size: opts.chunk_size,
-            size,
-            generation,
-            clean: true,
-            dst: t.ident(size)?,
-            src: if src_still {
-                src_ident.clone()
-            } else {
-                Ident::default()
-            },
-            temp: None,
+        let src = if src_still {
+            src_ident.clone()
+        } else {
+            Ident::default()
         };
+        let hd = header_now(t, true, src, None)?;
         m.set_header(&hd, false).map_err(map_err(&map_path))?;
     }
     let outcome = if failed || stats.differences.load(Relaxed) > 0 {
@@ -1113,7 +1115,7 @@ mod tests {
             PathBuf::from("/x/disk.img.sluice-map")
         );
         let dev = default_map_path(Path::new("/dev/loop3"), true);
-        assert!(dev.ends_with(dev.file_name().unwrap()));
+        assert!(dev.parent().unwrap().ends_with("sluice/maps"), "{dev:?}");
         let name = dev.file_name().unwrap().to_string_lossy().into_owned();
         assert!(
             name.starts_with("dev_loop3-") && name.ends_with(".map"),

@@ -418,6 +418,12 @@ impl Watcher<'_> {
         opts.dst_locked = rel.is_empty();
         let src = join(&self.src, rel);
         let dst = join(&self.dst, rel);
+        // A directory that is gone, or is something else now, is its
+        // parent's business (whose pass the same change marked): a job on
+        // it would copy a file *into* DST's directory of that name.
+        if !rel.is_empty() && !std::fs::symlink_metadata(&src).is_ok_and(|m| m.is_dir()) {
+            return Ok(true);
+        }
         match copy(
             &src,
             &dst,
@@ -428,13 +434,12 @@ impl Watcher<'_> {
         ) {
             Ok(Outcome::Interrupted) => Ok(false),
             Ok(_) => Ok(true),
-            // Gone since the event: its parent's pass deals with that.
+            // Gone since the check: its parent's pass deals with that.
             Err(JobError::Source { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound && !rel.is_empty() =>
             {
                 Ok(true)
             }
-            Err(JobError::Usage(msg)) if msg.contains("is not a file") => Ok(true),
             Err(e) => Err(e),
         }
     }
