@@ -133,6 +133,45 @@ fn a_directory_in_the_way_of_a_file_is_reported_not_removed() {
     assert_eq!(fs::read(dst.join("y")).unwrap(), b"y");
 }
 
+/// With `--delete`, DST mirrors SRC even where a name changed kind: the
+/// directory goes after the walk, then the file (a big, chunked one too)
+/// and the symlink take its place, and a second run has nothing to do.
+#[test]
+fn delete_replaces_a_directory_by_the_file_of_the_same_name() {
+    let t = disk_dir("replace");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&dst.join("small/deep/old"), b"old");
+    write(&dst.join("big/old"), b"old");
+    write(&dst.join("link/old"), b"old");
+    write(&src.join("small"), b"now a file");
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    write(&src.join("big"), &big);
+    std::os::unix::fs::symlink("small", src.join("link")).unwrap();
+    let out = sync(&src, &dst, &["--delete", "--json", "--chunk-size", "1M"]);
+    ok(&out);
+    assert_eq!(summary(&out)["deleted"], 7);
+    assert_same_tree(&src, &dst);
+    let out = sync(&src, &dst, &["--delete", "--json"]);
+    ok(&out);
+    assert_eq!(summary(&out)["files_copied"], 0);
+    assert_eq!(summary(&out)["deleted"], 0);
+}
+
+/// When the directory in the way may not be deleted (`--max-delete`), it
+/// stays whole and the entry is reported, not written into it.
+#[test]
+fn a_directory_delete_may_not_remove_stays_and_is_reported() {
+    let t = disk_dir("replace-limit");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&dst.join("x/keep"), b"precious");
+    write(&src.join("x"), b"file");
+    let out = sync(&src, &dst, &["--delete", "--max-delete", "0"]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("was not deleted"), "{}", stderr(&out));
+    assert_eq!(fs::read(dst.join("x/keep")).unwrap(), b"precious");
+    assert!(!dst.join("x/x").exists());
+}
+
 #[test]
 fn delete_removes_extras_but_keeps_excluded_and_never_follows_links() {
     let t = disk_dir("delete");

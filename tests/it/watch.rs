@@ -275,8 +275,7 @@ fn overlapping_paths_stop_the_watch_at_once() {
 
 /// A directory replaced by a file of the same name: the pass for the
 /// directory is skipped (a job on it would copy the file *into* DST's old
-/// directory). The old directory stays in DST's way: `sync --delete` does
-/// not yet replace a directory by a file (it reports it, exit 1).
+/// directory); the parent's pass deletes the directory and copies the file.
 #[test]
 fn a_directory_replaced_by_a_file_is_not_copied_into_itself() {
     let d = disk_dir("watch");
@@ -291,5 +290,8 @@ fn a_directory_replaced_by_a_file_is_not_copied_into_itself() {
         !dst.join("d/d").exists(),
         "the file was copied into the directory"
     );
+    within(5, "the file replaces the directory", || {
+        fs::read(dst.join("d")).is_ok_and(|b| b == b"now a file")
+    });
     drop(w);
 }

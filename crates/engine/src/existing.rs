@@ -10,13 +10,53 @@
 use crate::compare::{self, Verdict};
 use crate::copy::link_key;
 use crate::error::{Reason, Side};
-use crate::job::LinkState;
+use crate::job::{LinkState, Shared};
 use crate::tree::DirNode;
 use crate::worker::Worker;
 use sluice_sys::{Errno, FileType, Stat};
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+/// A source entry whose DST name holds a directory: copied once `--delete`
+/// has removed that directory, after the walk.
+pub(crate) struct Replacement {
+    node: Arc<DirNode>,
+    src_name: CString,
+    dst_name: CString,
+    st: Stat,
+}
+
+/// Copies the entries whose names held directories, now that `--delete`
+/// removed them, on the calling thread (a rare path: a big file's chunks
+/// run one after another). A directory still there (deletes were skipped
+/// or stopped, which was reported) is reported again for this entry.
+pub(crate) fn replace(shared: &Arc<Shared>) {
+    let replaced = std::mem::take(&mut *shared.replaced.lock().expect("replaced lock"));
+    if replaced.is_empty() {
+        return;
+    }
+    let mut worker = Worker::new(shared.clone(), 0);
+    for r in replaced {
+        if shared.stopped() {
+            return;
+        }
+        let node = &r.node;
+        if sluice_sys::stat_at(node.dst(), &r.dst_name)
+            .is_ok_and(|d| d.file_type() == FileType::Directory)
+        {
+            shared.fail(node.error(
+                &r.dst_name,
+                Side::Dst,
+                "replace",
+                Reason::Other("the directory in the way was not deleted".into()),
+            ));
+            continue;
+        }
+        worker.copy_one(node, &r.src_name, &r.dst_name, &r.st);
+    }
+}
 
 /// Entries of one DST directory that SRC does not have, removed after the
 /// walk if it had no error.
@@ -37,7 +77,7 @@ impl Worker {
     /// and that was reported.
     pub(crate) fn up_to_date(
         &mut self,
-        node: &DirNode,
+        node: &Arc<DirNode>,
         src_name: &CStr,
         dst_name: &CStr,
         st: &Stat,
@@ -54,18 +94,35 @@ impl Worker {
         let owners = sh.opts.preserve_owner;
         match compare::verdict(st, &dst, sh.opts.perm_mask(), owners) {
             Verdict::Replace => return false,
+            Verdict::DirInTheWay if sh.opts.delete => {
+                // The tree goes with the other extras after a clean walk;
+                // the entry is copied after that (a dry run counts it now).
+                sh.extras.lock().expect("extras lock").push(Extras {
+                    dir: node.rel.clone(),
+                    src_stat: node.stat,
+                    names: vec![(dst_name.to_owned(), true)],
+                });
+                if sh.opts.dry_run {
+                    return false;
+                }
+                sh.replaced
+                    .lock()
+                    .expect("replaced lock")
+                    .push(Replacement {
+                        node: node.clone(),
+                        src_name: src_name.to_owned(),
+                        dst_name: dst_name.to_owned(),
+                        st: *st,
+                    });
+                return true;
+            }
             Verdict::DirInTheWay => {
-                sh.fail(
-                    node.error(
-                        dst_name,
-                        Side::Dst,
-                        "replace",
-                        Reason::Other(
-                            "a directory is in the way (sync --delete removes it, after the walk)"
-                                .into(),
-                        ),
-                    ),
-                );
+                sh.fail(node.error(
+                    dst_name,
+                    Side::Dst,
+                    "replace",
+                    Reason::Other("a directory is in the way (sync --delete replaces it)".into()),
+                ));
                 return true;
             }
             Verdict::Same | Verdict::FixMeta => {}

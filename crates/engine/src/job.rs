@@ -359,6 +359,8 @@ pub(crate) struct Shared {
     pub journal: Option<Journal>,
     /// Entries of DST that SRC lacks, for `--delete` after the walk.
     pub extras: Mutex<Vec<Extras>>,
+    /// Entries waiting for `--delete` to remove the directory in their way.
+    pub(crate) replaced: Mutex<Vec<crate::existing::Replacement>>,
     /// What each stream is doing, sampled for the bottleneck report.
     pub gauge: Gauge,
     /// Streams and buffer size that fit `--mem-limit`.
@@ -553,6 +555,7 @@ pub fn copy(
         tmp_seq: AtomicU64::new(0),
         journal,
         extras: Mutex::new(Vec::new()),
+        replaced: Mutex::new(Vec::new()),
         gauge: Gauge::new(jobs),
         budget,
         throttle: opts.bwlimit.map(Throttle::new),
@@ -629,7 +632,10 @@ pub fn copy(
     drop(shared.queue.close());
     if !shared.stopped() && shared.opts.delete {
         crate::delete::run(&shared);
+        crate::existing::replace(&shared);
     }
+    // Held directories hold `shared`: let them go whatever happened.
+    shared.replaced.lock().expect("replaced lock").clear();
     close_journal(&shared);
     if let Some(err) = shared.fatal.lock().expect("fatal lock").take() {
         return Err(JobError::Fatal(err));

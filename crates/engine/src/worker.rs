@@ -199,18 +199,24 @@ impl Worker {
             } => {
                 self.shared.stats.entries_found.fetch_add(1, Relaxed);
                 self.shared.stats.bytes_found.fetch_add(st.size, Relaxed);
-                match plan::action(
-                    &st,
-                    self.shared.opts.chunk_size,
-                    self.shared.opts.privileged,
-                ) {
-                    Action::Chunked { chunks } => {
-                        self.start_big(&node, &src_name, &dst_name, &st, chunks)
-                    }
-                    Action::Skip(why) => self.skip(&node, &src_name, why),
-                    _ => self.copy_entry(&node, &src_name, &dst_name, &st),
-                }
+                self.copy_one(&node, &src_name, &dst_name, &st);
             }
+        }
+    }
+
+    /// Copies one non-directory entry the way its kind and size call for.
+    pub(crate) fn copy_one(
+        &mut self,
+        node: &Arc<DirNode>,
+        src_name: &CStr,
+        dst_name: &CStr,
+        st: &Stat,
+    ) {
+        let opts = &self.shared.opts;
+        match plan::action(st, opts.chunk_size, opts.privileged) {
+            Action::Chunked { chunks } => self.start_big(node, src_name, dst_name, st, chunks),
+            Action::Skip(why) => self.skip(node, src_name, why),
+            _ => self.copy_entry(node, src_name, dst_name, st),
         }
     }
 
