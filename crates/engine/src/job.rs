@@ -535,7 +535,7 @@ pub fn copy(
     let shared = Arc::new(Shared {
         // Sized for the streams that start working, not for every stream
         // -j auto could add: a longer queue only spreads a directory's files.
-        queue: Queue::new(opts.jobs.min(jobs) * 4, 256),
+        queue: Queue::new(opts.jobs.min(jobs) * crate::tune::QUEUE_PER_STREAM, 256),
         stats,
         reporter,
         cancel,
@@ -610,6 +610,7 @@ pub fn copy(
                     &shared.gate,
                     &shared.queue,
                     &shared.stats,
+                    &shared.gauge,
                     &sampled,
                     TUNE_EVERY,
                 );

@@ -14,6 +14,7 @@
 //! blocking a stream (and so without deadlock).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex};
 
 /// Which lane a task belongs to.
@@ -44,7 +45,7 @@ struct Lanes<T> {
 pub struct Queue<T> {
     lanes: Mutex<Lanes<T>>,
     ready: Condvar,
-    data_cap: usize,
+    data_cap: AtomicUsize,
     dir_cap: usize,
 }
 
@@ -63,7 +64,7 @@ impl<T> Queue<T> {
                 closed: false,
             }),
             ready: Condvar::new(),
-            data_cap,
+            data_cap: AtomicUsize::new(data_cap),
             dir_cap,
         }
     }
@@ -75,9 +76,10 @@ impl<T> Queue<T> {
         if l.closed {
             return Err(task);
         }
+        let data_cap = self.data_cap.load(Relaxed);
         match lane {
-            Lane::Chunk if l.chunks.len() < self.data_cap => l.chunks.push_back(task),
-            Lane::Data if l.data.len() < self.data_cap => l.data.push_back(task),
+            Lane::Chunk if l.chunks.len() < data_cap => l.chunks.push_back(task),
+            Lane::Data if l.data.len() < data_cap => l.data.push_back(task),
             Lane::Dir if l.dirs.len() < self.dir_cap => l.dirs.push(task),
             _ => return Err(task),
         }
@@ -85,6 +87,14 @@ impl<T> Queue<T> {
         drop(l);
         self.ready.notify_one();
         Ok(())
+    }
+
+    /// A new cap for the chunk and data lanes (`-j auto` keeps it in
+    /// proportion to the streams at work: with 64 streams on a share and
+    /// room for the 32 batches 8 streams need, the extra streams ran
+    /// their batches inline, a few directories at a time).
+    pub fn set_data_cap(&self, n: usize) {
+        self.data_cap.store(n.max(1), Relaxed);
     }
 
     /// How many streams may run chunk tasks at once (at least one).

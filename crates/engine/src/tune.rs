@@ -18,6 +18,7 @@
 //! still and chunks were copied throughout, so each sees its own effect;
 //! the streams it takes from big files go to small ones.
 
+use crate::gauge::{Activity, Gauge, KINDS};
 use crate::job::Stats;
 use crate::queue::Queue;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
@@ -26,6 +27,9 @@ use std::time::{Duration, Instant};
 
 /// The most streams `-j auto` may use (memory permitting).
 pub const AUTO_MAX: usize = 64;
+
+/// Data and chunk tasks the queue holds per stream at work.
+pub const QUEUE_PER_STREAM: usize = 4;
 
 /// How many streams may take work.
 pub struct Gate {
@@ -94,10 +98,19 @@ pub struct Climb {
     /// Typical relative change between two windows at one target, once
     /// one such pair has been seen.
     noise: Option<f64>,
-    /// Set by the caller when the process used (nearly) all the CPUs it
-    /// may: then no step goes up, since more streams would only queue for
-    /// a core (a copy between two RAM-backed file systems).
-    pub cpu_bound: bool,
+    /// Set by the caller: how many times more CPU the process could use
+    /// (85% of the cores over what it used in the last window). At 1 or
+    /// less no step goes up, since more streams would only queue for a core
+    /// (a copy between two RAM-backed file systems); while the first climb
+    /// pays, a large headroom makes the steps larger.
+    pub headroom: f64,
+    /// True until the first step that does not pay: the first climb.
+    pub rising: bool,
+    /// Set by the caller: the share of the working streams' time spent
+    /// waiting for work in the last window.
+    pub idle: f64,
+    /// The last step up was measured again, its first window inconclusive.
+    retried: bool,
 }
 
 impl Climb {
@@ -123,6 +136,7 @@ impl Climb {
     pub fn descending(start: usize, max: usize) -> Climb {
         Climb {
             dir: -1,
+            rising: false,
             ..Climb::new(start, max)
         }
     }
@@ -136,7 +150,10 @@ impl Climb {
             last: None,
             flat: 0,
             before: start.clamp(1, max),
-            cpu_bound: false,
+            headroom: f64::INFINITY,
+            rising: true,
+            idle: 0.0,
+            retried: false,
             measured_at: start.clamp(1, max),
             noise: None,
         }
@@ -163,7 +180,22 @@ impl Climb {
             self.noise = Some(self.noise.map_or(change, |n| 0.7 * n + 0.3 * change));
         }
         let margin = 1.0 + self.threshold();
-        if score > last * margin {
+        // Two windows at the same target differ by noise or because the
+        // work changed, not by anything a step did: no cause to move on.
+        let gained = moved && score > last * margin;
+        if moved && !gained && self.dir > 0 && self.idle > 0.25 && !self.retried {
+            // The streams just added mostly waited for work: the walk had
+            // not found enough yet (on a share, the first half second),
+            // which says nothing of what they can do. Measure once more
+            // against the same baseline.
+            self.retried = true;
+            self.last = Some(last);
+            self.measured_at = self.before;
+            return self.target;
+        }
+        self.retried = false;
+        self.rising &= gained;
+        if gained {
             self.flat = 0;
             // A step up that paid nearly in proportion (doubling the
             // streams gave +60% or more: a target with latency to hide)
@@ -182,8 +214,11 @@ impl Climb {
             self.factor = (self.factor / 1.5).max(1.25);
             self.last = Some(last);
             self.target = self.before;
+            // `last` was measured here: the next window compares with it
+            // at the same target.
+            self.measured_at = self.target;
             self.target
-        } else if score * margin < last {
+        } else if moved && score * margin < last {
             // Fewer streams made it worse: go back up.
             self.flat = 0;
             self.dir = 1;
@@ -212,12 +247,21 @@ impl Climb {
 
     fn move_on(&mut self) -> usize {
         self.before = self.target;
-        if self.dir > 0 && self.cpu_bound {
+        if self.dir > 0 && self.headroom <= 1.0 {
             return self.target;
         }
         let t = self.target as f64;
         let next = if self.dir > 0 {
-            (t * self.factor).ceil()
+            // While the first climb pays, step as far as the idle CPU
+            // suggests (up to 4x): a share at 1 ms per request that uses a
+            // tenth of the cores at 8 streams wants 32 or more, and each
+            // window spent at 8 and 16 cost a tenth of a 10 s job.
+            let factor = if self.rising {
+                self.factor.max(self.headroom.min(4.0))
+            } else {
+                self.factor
+            };
+            (t * factor).ceil()
         } else {
             (t / self.factor).floor()
         };
@@ -246,6 +290,7 @@ pub fn run<T>(
     gate: &Gate,
     queue: &Queue<T>,
     stats: &Stats,
+    gauge: &Gauge,
     done: &AtomicBool,
     interval: Duration,
 ) -> (Vec<u32>, Vec<u32>) {
@@ -255,24 +300,27 @@ pub fn run<T>(
     let mut trace = vec![gate.target() as u32];
     let mut chunk_trace = trace.clone();
     let mut warming_up = true;
-    let mut climbing = true;
     let (mut before, mut at) = (units(stats), Instant::now());
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let mut cpu = sluice_sys::process_cpu_time();
+    let mut samples = gauge.counts();
+    // Each window's measures and decision on stderr, for whoever wonders
+    // why auto chose what it did.
+    let log = std::env::var_os("SLUICE_TUNE_LOG").is_some();
     while !done.load(Relaxed) {
-        // Short naps, so the end of the job is not held up by the tuner.
-        // Half-length windows while the first climb keeps paying: on a
+        // Quarter-length windows while the first climb keeps paying: on a
         // share, every second spent at too few streams costs most.
-        let window = if climbing { interval / 2 } else { interval };
-        let nap = Instant::now();
-        while nap.elapsed() < window && !done.load(Relaxed) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let window = if climb.rising { interval / 4 } else { interval };
+        nap(window, done);
         let chunked_before = queue.chunk_work() > 0;
         let (now, t, cpu_now) = (units(stats), Instant::now(), sluice_sys::process_cpu_time());
         let secs = t.duration_since(at).as_secs_f64();
         let score = (now - before) / secs;
-        climb.cpu_bound = (cpu_now - cpu).as_secs_f64() / secs > 0.85 * cores;
+        let used = (cpu_now - cpu).as_secs_f64() / secs;
+        let idle = idle_share(&samples, &gauge.counts());
+        climb.idle = idle;
+        samples = gauge.counts();
+        climb.headroom = 0.85 * cores / used.max(1e-3);
         (before, at, cpu) = (now, t, cpu_now);
         if done.load(Relaxed) {
             break;
@@ -288,8 +336,15 @@ pub fn run<T>(
         }
         let held = climb.target;
         let next = climb.step(score);
-        climbing &= next > held;
+        if log {
+            eprintln!(
+                "sluice: tune: {secs:.2} s at {held} streams: {score:.0} units/s, \
+                 {used:.2} cores, {:.0}% idle -> {next}",
+                idle * 100.0
+            );
+        }
         gate.set(next);
+        queue.set_data_cap(next * QUEUE_PER_STREAM);
         trace.push(next as u32);
         let cb = stats.chunk_bytes.load(Relaxed);
         let chunk_rate = (cb - chunk_bytes) as f64 / secs;
@@ -302,13 +357,42 @@ pub fn run<T>(
         if follows && next > held {
             chunks.restart_at(next);
         } else if next == held && chunked_before && queue.chunk_work() > 0 && chunk_rate > 0.0 {
-            chunks.cpu_bound = climb.cpu_bound;
+            chunks.headroom = climb.headroom;
             chunks.step(chunk_rate);
         }
         queue.set_chunk_limit(chunks.target);
         chunk_trace.push(chunks.target as u32);
+        if next != held {
+            // Streams just woken (or parked) take a moment to reach their
+            // pace: the next window starts after it, so a quarter-second
+            // window does not judge 64 streams by their first 50 ms.
+            nap(window / 5, done);
+            (before, at, cpu) = (units(stats), Instant::now(), sluice_sys::process_cpu_time());
+            chunk_bytes = stats.chunk_bytes.load(Relaxed);
+        }
     }
     (trace, chunk_trace)
+}
+
+/// The share of working streams' time spent waiting for work between two
+/// gauge readings (parked streams do not count).
+fn idle_share(before: &[u64; KINDS], now: &[u64; KINDS]) -> f64 {
+    let d = |a: Activity| (now[a as usize] - before[a as usize]) as f64;
+    let parked = d(Activity::Parked);
+    let all: f64 = (0..KINDS).map(|k| (now[k] - before[k]) as f64).sum::<f64>() - parked;
+    if all > 0.0 {
+        d(Activity::Idle) / all
+    } else {
+        0.0
+    }
+}
+
+/// Sleeps `d` in short naps, so the end of the job is not held up.
+fn nap(d: Duration, done: &AtomicBool) {
+    let start = Instant::now();
+    while start.elapsed() < d && !done.load(Relaxed) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 #[cfg(test)]
@@ -367,7 +451,7 @@ mod tests {
     #[test]
     fn no_more_streams_than_the_cores_can_run() {
         let mut c = Climb::new(8, 64);
-        c.cpu_bound = true;
+        c.headroom = 0.9;
         for _ in 0..30 {
             let t = c.target;
             assert!(c.step(curve(t) * 2.0) <= 8, "grew with the CPUs busy");
@@ -417,14 +501,54 @@ mod tests {
             c.step(share(t));
         }
         assert!(c.target >= 32, "stopped at {}", c.target);
-        // and gets there fast: near-linear gains take bigger steps
+        // and gets there fast: near-linear gains take bigger steps, and
+        // idle cores bigger ones from the start
+        let climb = |headroom: f64| {
+            let mut c = Climb::new(8, 64);
+            let mut seen = vec![c.target];
+            for _ in 0..3 {
+                let t = c.target;
+                c.headroom = headroom;
+                seen.push(c.step(share(t)));
+            }
+            seen
+        };
+        assert_eq!(climb(1.5), [8, 16, 64, 64], "too slow a climb");
+        assert_eq!(climb(10.0), [8, 32, 64, 64], "too slow a climb");
+        // past the first step that does not pay, steps are small again
         let mut c = Climb::new(8, 64);
-        let mut seen = vec![c.target];
-        for _ in 0..3 {
-            let t = c.target;
-            seen.push(c.step(share(t)));
+        c.headroom = 10.0;
+        c.step(800.0);
+        c.step(800.0); // 32 no better than 8: back to 8
+        assert_eq!(c.target, 8);
+        assert!(!c.rising);
+        for _ in 0..8 {
+            c.step(800.0);
         }
-        assert_eq!(seen, [8, 16, 64, 64], "too slow a climb");
+        assert!(c.target <= 12, "probed up by {}", c.target);
+    }
+
+    /// A step up measured while the new streams mostly waited for work
+    /// (the walk behind, early in a job on a share) is measured again
+    /// before it is judged; once the work is there it pays and stays. If
+    /// the second window is no better either, the step is taken back.
+    #[test]
+    fn a_step_up_that_found_no_work_yet_is_measured_again() {
+        let mut c = Climb::new(32, 64);
+        c.headroom = 2.0;
+        c.step(2600.0); // at 32 -> 64
+        assert_eq!(c.target, 64);
+        c.idle = 0.5;
+        assert_eq!(c.step(2600.0), 64, "judged streams that had no work");
+        c.idle = 0.1;
+        assert_eq!(c.step(3400.0), 64);
+        assert_eq!(c.step(3400.0), 64);
+
+        let mut c = Climb::new(32, 64);
+        c.step(2600.0);
+        c.idle = 0.5;
+        c.step(2600.0);
+        assert_eq!(c.step(2600.0), 32, "kept streams that never paid");
     }
 
     #[test]
