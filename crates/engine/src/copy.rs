@@ -136,6 +136,9 @@ fn clone_refused(e: Errno) -> bool {
 /// Files from this size up are copied with `O_DIRECT` by default.
 const DIRECT_MIN: u64 = 1 << 20;
 
+/// The most one `copy_file_range` call is asked to copy.
+const KERNEL_STEP: u64 = 8 << 20;
+
 /// A big file whose chunks are copied by any number of streams at once.
 pub(crate) struct BigFile {
     node: Arc<DirNode>,
@@ -526,6 +529,8 @@ impl Worker {
         Ok(done)
     }
 
+    /// Copies `[off, off + len)` in the kernel if it can, else through the
+    /// stream's buffer.
     fn copy_piece(
         &mut self,
         src: BorrowedFd<'_>,
@@ -533,16 +538,44 @@ impl Worker {
         off: u64,
         len: u64,
     ) -> Result<u64, (&'static str, Errno)> {
+        let moved = &self.shared.stats.data_moved;
         if self.shared.kernel_copy_ok.load(Relaxed) {
-            match sluice_sys::copy_range(src, dst, off, len, CopyMethod::Kernel, &mut []) {
-                Err(e) if kernel_copy_refused(e) => {
-                    self.shared.kernel_copy_ok.store(false, Relaxed)
+            // In steps, so progress (and the tuner's windows) see a chunk
+            // move along rather than arrive whole.
+            let mut done = 0;
+            while done < len {
+                let want = (len - done).min(KERNEL_STEP);
+                match sluice_sys::copy_range(
+                    src,
+                    dst,
+                    off + done,
+                    want,
+                    CopyMethod::Kernel,
+                    &mut [],
+                ) {
+                    Err(e) if done == 0 && kernel_copy_refused(e) => {
+                        self.shared.kernel_copy_ok.store(false, Relaxed);
+                        break;
+                    }
+                    Err(e) => return Err(("copy", e)),
+                    Ok(n) => {
+                        moved.fetch_add(n, Relaxed);
+                        done += n;
+                        if n < want {
+                            return Ok(done);
+                        }
+                    }
                 }
-                other => return other.map_err(|e| ("copy", e)),
+            }
+            if done == len {
+                return Ok(done);
             }
         }
-        sluice_sys::copy_range(src, dst, off, len, CopyMethod::Buffered, self.scratch.buf())
-            .map_err(|e| ("copy", e))
+        let n =
+            sluice_sys::copy_range(src, dst, off, len, CopyMethod::Buffered, self.scratch.buf())
+                .map_err(|e| ("copy", e))?;
+        moved.fetch_add(n, Relaxed);
+        Ok(n)
     }
 
     fn copy_symlink(
@@ -1110,6 +1143,7 @@ impl Worker {
             let aligned = n.next_multiple_of(sluice_sys::DIRECT_ALIGN).min(buf.len());
             gauge.set(id, Activity::Write);
             sluice_sys::write_all_at(dst, &buf[..aligned], off + done).map_err(|e| ("write", e))?;
+            self.shared.stats.data_moved.fetch_add(n as u64, Relaxed);
             done += n as u64;
         }
         Ok(done)

@@ -189,6 +189,10 @@ pub struct Stats {
     pub bytes_copied: AtomicU64,
     /// Of those, bytes moved as chunks of big files (bandwidth-bound work).
     pub chunk_bytes: AtomicU64,
+    /// File data moved so far, counted per buffer or kernel copy rather
+    /// than per file or chunk: the tuner's quarter-second windows would
+    /// otherwise see 64 MiB chunks finish in bursts.
+    pub data_moved: AtomicU64,
     pub dirs_created: AtomicU64,
     pub symlinks: AtomicU64,
     pub hardlinks: AtomicU64,
