@@ -1,6 +1,7 @@
 //! `--bwlimit` and `--mem-limit`.
 
 use crate::common::*;
+use std::fs;
 
 #[test]
 fn bwlimit_holds_the_rate_within_ten_percent() {
@@ -56,6 +57,57 @@ fn mem_limit_caps_what_the_process_holds() {
     let out = copy(&src, &t.path().join("tiny"), &["--mem-limit", "1M"]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(!t.path().join("tiny").exists());
+}
+
+/// The benchmark's dense set (200,000 files of 1 KiB in 20 x 10 x 1,000
+/// directories) and a 4 GiB file, each copied with `-j auto` under
+/// `--mem-limit 24M`: the tuner may want up to 64 streams, the budget
+/// decides how many exist and how big their buffers are.
+#[test]
+fn mem_limit_holds_on_full_size_dense_and_huge_sets() {
+    const CAP: u64 = 24 << 20;
+    let t = disk_dir("memfull");
+    let dense = t.path().join("dense");
+    let data = bytes(1024, 3);
+    std::thread::scope(|s| {
+        for a in 0..20 {
+            let (dense, data) = (&dense, &data);
+            s.spawn(move || {
+                for b in 0..10 {
+                    let dir = dense.join(format!("d{a:02}/e{b}/f"));
+                    fs::create_dir_all(&dir).unwrap();
+                    for i in 0..1000 {
+                        fs::write(dir.join(format!("file{i:04}")), data).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let huge = t.path().join("huge");
+    fs::create_dir(&huge).unwrap();
+    let f = fs::File::create(huge.join("huge.img")).unwrap();
+    // Allocated, not sparse: every byte is read and written (as zeros).
+    rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, 4 << 30).unwrap();
+    drop(f);
+    for (src, files, size) in [(&dense, 200_000u64, 1024u64), (&huge, 1, 4 << 30)] {
+        let dst = t.path().join("out");
+        let out = copy(src, &dst, &["--mem-limit", "24M", "--json"]);
+        ok(&out);
+        let s = summary(&out);
+        assert_eq!(s["files_copied"], files, "{s}");
+        assert_eq!(s["bytes_copied"], files * size, "{s}");
+        let rss = s["max_rss_bytes"].as_u64().unwrap();
+        eprintln!(
+            "{}: {rss} bytes resident, streams {}",
+            src.display(),
+            s["streams"]
+        );
+        assert!(
+            rss <= CAP,
+            "{rss} bytes resident under --mem-limit 24M: {s}"
+        );
+        fs::remove_dir_all(&dst).unwrap();
+    }
 }
 
 /// `-j auto` (the default) tunes the streams while the job runs and ends
