@@ -538,7 +538,8 @@ pub fn copy(
     };
     let shared = Arc::new(Shared {
         // Sized for the streams that start working, not for every stream
-        // -j auto could add: a longer queue only spreads a directory's files.
+        // -j auto could add (a longer queue only spreads a directory's
+        // files); the tuner resizes it with the stream target.
         queue: Queue::new(opts.jobs.min(jobs) * crate::tune::QUEUE_PER_STREAM, 256),
         stats,
         reporter,
