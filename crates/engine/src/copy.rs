@@ -539,43 +539,34 @@ impl Worker {
         len: u64,
     ) -> Result<u64, (&'static str, Errno)> {
         let moved = &self.shared.stats.data_moved;
-        if self.shared.kernel_copy_ok.load(Relaxed) {
-            // In steps, so progress (and the tuner's windows) see a chunk
-            // move along rather than arrive whole.
-            let mut done = 0;
-            while done < len {
-                let want = (len - done).min(KERNEL_STEP);
-                match sluice_sys::copy_range(
-                    src,
-                    dst,
-                    off + done,
-                    want,
-                    CopyMethod::Kernel,
-                    &mut [],
-                ) {
-                    Err(e) if done == 0 && kernel_copy_refused(e) => {
-                        self.shared.kernel_copy_ok.store(false, Relaxed);
-                        break;
-                    }
-                    Err(e) => return Err(("copy", e)),
-                    Ok(n) => {
-                        moved.fetch_add(n, Relaxed);
-                        done += n;
-                        if n < want {
-                            return Ok(done);
-                        }
+        // In steps, so progress (and the tuner's windows) see a chunk move
+        // along rather than arrive whole.
+        let mut done = 0;
+        while done < len && self.shared.kernel_copy_ok.load(Relaxed) {
+            let want = (len - done).min(KERNEL_STEP);
+            match sluice_sys::copy_range(src, dst, off + done, want, CopyMethod::Kernel, &mut []) {
+                // Nothing of this step was written: the rest goes buffered.
+                Err(e) if kernel_copy_refused(e) => {
+                    self.shared.kernel_copy_ok.store(false, Relaxed)
+                }
+                Err(e) => return Err(("copy", e)),
+                Ok(n) => {
+                    moved.fetch_add(n, Relaxed);
+                    done += n;
+                    if n < want {
+                        return Ok(done); // the source ended early
                     }
                 }
             }
-            if done == len {
-                return Ok(done);
-            }
         }
-        let n =
-            sluice_sys::copy_range(src, dst, off, len, CopyMethod::Buffered, self.scratch.buf())
-                .map_err(|e| ("copy", e))?;
+        if done == len {
+            return Ok(done);
+        }
+        let buf = self.scratch.buf();
+        let n = sluice_sys::copy_range(src, dst, off + done, len - done, CopyMethod::Buffered, buf)
+            .map_err(|e| ("copy", e))?;
         moved.fetch_add(n, Relaxed);
-        Ok(n)
+        Ok(done + n)
     }
 
     fn copy_symlink(

@@ -361,9 +361,10 @@ pub fn run<T>(
         let secs = t.duration_since(at).as_secs_f64();
         let score = (now - before) / secs;
         let used = (cpu_now - cpu).as_secs_f64() / secs;
-        let idle = idle_share(&samples, &gauge.counts());
+        let counts = gauge.counts();
+        let idle = idle_share(&samples, &counts);
         climb.idle = idle;
-        samples = gauge.counts();
+        samples = counts;
         climb.headroom = 0.85 * cores / used.max(1e-3);
         (before, at, cpu) = (now, t, cpu_now);
         if done.load(Relaxed) {
@@ -413,6 +414,7 @@ pub fn run<T>(
             nap(window / 5, done);
             (before, at, cpu) = (units(stats), Instant::now(), sluice_sys::process_cpu_time());
             chunk_bytes = stats.chunk_bytes.load(Relaxed);
+            samples = gauge.counts();
         }
     }
     (trace, chunk_trace)
