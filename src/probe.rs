@@ -114,7 +114,9 @@ pub fn run(args: &ProbeArgs) -> ExitCode {
                 t.bytes_per_s
             }
         };
-        let (mut best, mut stalls) = (0.0, 0);
+        // The last trial that gained 5% over the one before it: two more
+        // without such a gain end the climb.
+        let (mut mark, mut stalls) = (0.0, 0);
         let mut rates = Vec::new();
         for n in STREAMS {
             let Some(t) = tried(n, DEFAULT_CHUNK) else {
@@ -127,8 +129,8 @@ pub fn run(args: &ProbeArgs) -> ExitCode {
                 break;
             }
             rates.push((n, rate(&t), t.shares[3]));
-            if rate(&t) > best * 1.05 {
-                (best, stalls) = (rate(&t), 0);
+            if rate(&t) > mark * 1.05 {
+                (mark, stalls) = (rate(&t), 0);
             } else {
                 stalls += 1;
                 if stalls == 2 {
@@ -147,7 +149,7 @@ pub fn run(args: &ProbeArgs) -> ExitCode {
             .iter()
             .rfind(|&&(_, r, idle)| r > 0.0 && (r == top || r * 1.05 >= top && idle < 0.25))
             .copied();
-        best = picked.map_or(0.0, |(_, r, _)| r);
+        let mut best = picked.map_or(0.0, |(_, r, _)| r);
         let mut pick = picked.map(|(streams, _, _)| Pick {
             streams,
             chunk_size: DEFAULT_CHUNK,

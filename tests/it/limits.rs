@@ -89,9 +89,16 @@ fn mem_limit_holds_on_full_size_dense_and_huge_sets() {
     // Allocated, not sparse: every byte is read and written (as zeros).
     rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, 4 << 30).unwrap();
     drop(f);
-    for (src, files, size) in [(&dense, 200_000u64, 1024u64), (&huge, 1, 4 << 30)] {
+    // -j 64 on the big file too: without the cap, 64 streams with 4 MiB
+    // buffers hold some 256 MiB, so this case fails if the cap is ignored.
+    let cases = [
+        (&dense, 200_000u64, 1024u64, "auto"),
+        (&huge, 1, 4 << 30, "auto"),
+        (&huge, 1, 4 << 30, "64"),
+    ];
+    for (src, files, size, jobs) in cases {
         let dst = t.path().join("out");
-        let out = copy(src, &dst, &["--mem-limit", "24M", "--json"]);
+        let out = copy(src, &dst, &["--mem-limit", "24M", "-j", jobs, "--json"]);
         ok(&out);
         let s = summary(&out);
         assert_eq!(s["files_copied"], files, "{s}");
