@@ -213,6 +213,11 @@ pub struct SyncArgs {
     /// Stop before deleting more than N entries (and exit 1).
     #[arg(long, value_name = "N", requires = "delete")]
     pub max_delete: Option<u64>,
+    /// Let --delete empty DST when SRC's root is empty. Without it, an empty
+    /// SRC root (an unmounted share, an expired automount) deletes nothing
+    /// and exits 1.
+    #[arg(long, requires = "delete")]
+    pub allow_empty_src: bool,
 }
 
 #[derive(Args)]
@@ -250,6 +255,11 @@ pub struct WatchArgs {
     /// Stop a pass before it deletes more than N entries (and report it).
     #[arg(long, value_name = "N")]
     pub max_delete: Option<u64>,
+    /// Let a pass empty DST when SRC's root is empty. Without it, an empty
+    /// SRC root deletes nothing (and a SRC that is no longer the directory
+    /// the watch started with pauses the watch until it is back).
+    #[arg(long)]
+    pub allow_empty_src: bool,
     /// A full sync of the whole tree this often, as a safety net for
     /// events the kernel did not deliver.
     #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
@@ -271,6 +281,7 @@ impl WatchArgs {
         Ok(CopyOptions {
             delete: !self.no_delete,
             max_delete: self.max_delete,
+            allow_empty_src: self.allow_empty_src,
             fsync: self.fsync,
             bwlimit: self.bwlimit,
             auto_jobs: base.auto_jobs && !small,
@@ -429,6 +440,7 @@ impl SyncArgs {
         Ok(CopyOptions {
             delete: self.delete,
             max_delete: self.max_delete,
+            allow_empty_src: self.allow_empty_src,
             ..self.copy.options()?
         })
     }

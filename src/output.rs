@@ -60,6 +60,14 @@ impl Reporter for Printer {
             let _ = writeln!(std::io::stdout().lock(), "{line}");
         }
     }
+
+    fn notice(&self, path: &[u8], what: &str) {
+        if self.json {
+            let line = json!({"type": "notice", "path": escape(path), "what": what});
+            let _ = writeln!(std::io::stdout().lock(), "{line}");
+        }
+        self.say(&format!("sluice: note: {}: {what}", escape(path)));
+    }
 }
 
 impl Printer {

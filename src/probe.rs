@@ -21,6 +21,7 @@ impl Reporter for Quiet {
     fn entry_skipped(&self, _: &[u8], _: &str) {}
     fn entry_deleted(&self, _: &[u8]) {}
     fn entry_differs(&self, _: &[u8], _: &str) {}
+    fn notice(&self, _: &[u8], _: &str) {}
 }
 
 const STREAMS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];

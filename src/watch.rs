@@ -31,6 +31,9 @@ impl Reporter for WatchPrinter {
     fn entry_differs(&self, path: &[u8], what: &str) {
         self.entries.entry_differs(path, what)
     }
+    fn notice(&self, path: &[u8], what: &str) {
+        self.entries.notice(path, what)
+    }
 }
 
 /// The value at quantile `q` of sorted `v`.

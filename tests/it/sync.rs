@@ -328,7 +328,9 @@ fn dry_run_compares_with_dst_and_changes_nothing() {
     write(&src.join("top"), b"changed!");
     write(&dst.join("a/b/extra-dir/x"), b"x");
     write(&dst.join("extra"), b"x");
-    write(&dst.join(".sluice-1-2.tmp"), b"a leftover");
+    // Shaped like a temporary but without the tag of this directory: not
+    // provably sluice's, so a user's file like any other (an extra here).
+    write(&dst.join(".sluice-1-2.tmp"), b"not ours");
     let before = ctimes(&dst);
     let out = sync(&src, &dst, &["--delete", "--dry-run", "--json"]);
     ok(&out);
@@ -336,8 +338,8 @@ fn dry_run_compares_with_dst_and_changes_nothing() {
     // top and its hard link a/top-again changed (a dry run counts each
     // name as a file), a/new is new
     assert_eq!(s["files_copied"], 3, "{s}");
-    assert_eq!(s["deleted"], 3, "{s}"); // extra-dir, its x, extra
-    assert_eq!(json_lines(&out, "deleted").len(), 3);
+    assert_eq!(s["deleted"], 4, "{s}"); // extra-dir, its x, extra, .sluice-1-2.tmp
+    assert_eq!(json_lines(&out, "deleted").len(), 4);
     assert_eq!(ctimes(&dst), before, "a dry run changed DST");
     // into a DST that does not exist: everything would be copied
     let out = sync(&src, &t.path().join("none"), &["--dry-run", "--json"]);

@@ -24,23 +24,29 @@ use std::sync::{Arc, Mutex};
 /// A temporary's name, kept inline so naming a file allocates nothing.
 #[derive(Clone, Copy)]
 pub(crate) struct TempName {
-    bytes: [u8; 48],
+    bytes: [u8; 64],
 }
 
+/// The default ACL a directory hands down to what is created in it.
+pub(crate) const ACL_DEFAULT: &CStr = c"system.posix_acl_default";
+/// The access ACL an entry may inherit from its directory's default ACL.
+const ACL_ACCESS: &CStr = c"system.posix_acl_access";
+
 impl TempName {
-    fn new(shared: &Shared) -> TempName {
-        let mut bytes = [0u8; 48];
-        shared.temp_name(&mut bytes);
+    /// A fresh temporary's name for DST directory `node`.
+    fn new(shared: &Shared, node: &DirNode) -> TempName {
+        let mut bytes = [0u8; 64];
+        shared.temp_name(node.dst_id, &mut bytes);
         TempName { bytes }
     }
 
     /// A temporary's name read back from the journal; `None` unless it has
     /// the shape of one.
     fn from_bytes(name: &[u8]) -> Option<TempName> {
-        if !sluice_sys::is_temp_name(name) || name.len() >= 48 {
+        if !sluice_sys::is_temp_name(name) || name.len() >= 64 {
             return None;
         }
-        let mut bytes = [0u8; 48];
+        let mut bytes = [0u8; 64];
         bytes[..name.len()].copy_from_slice(name);
         Some(TempName { bytes })
     }
@@ -59,7 +65,8 @@ struct Pending<'a> {
 
 impl Pending<'_> {
     /// Gives the complete file its final name, replacing what had it.
-    fn commit(self, shared: &Shared, dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+    fn commit(self, shared: &Shared, node: &DirNode, name: &CStr) -> Result<(), Errno> {
+        let dir = node.dst();
         if let Some(guard) = self.temp {
             return guard.commit(name);
         }
@@ -67,7 +74,7 @@ impl Pending<'_> {
             // The name is taken (an older copy): link under a temporary name
             // and rename over it, which replaces atomically.
             Err(Errno::EXIST) => {
-                let tmp = TempName::new(shared);
+                let tmp = TempName::new(shared, node);
                 sluice_sys::link_unnamed(self.fd.as_fd(), dir, tmp.as_cstr())?;
                 TempGuard::new(dir, tmp).commit(name)
             }
@@ -201,6 +208,15 @@ pub(crate) fn link_key(st: &Stat) -> Option<LinkKey> {
         .then_some((st.dev.0, st.dev.1, st.ino))
 }
 
+/// Where a later name of a hard-linked file links from.
+enum LinkFrom<'a> {
+    /// A name in a DST directory this stream holds open.
+    Held(BorrowedFd<'a>, &'a CStr),
+    /// A path below DST's root (a directory finished earlier), and the
+    /// inode this run committed there.
+    Beneath(BorrowedFd<'a>, &'a [u8], u64),
+}
+
 /// What claiming a hard-linked inode decided.
 enum Claim {
     /// This name copies the data; later names will link to it.
@@ -327,7 +343,7 @@ impl Worker {
         self.doing(Activity::Write);
         self.finish_file(node, src.as_fd(), dst, dst_name, st)?;
         pending
-            .commit(&self.shared, node.dst(), dst_name)
+            .commit(&self.shared, node, dst_name)
             .map_err(|e| node.error(dst_name, Side::Dst, "rename into place", Reason::Os(e)))?;
         let stats = &self.shared.stats;
         stats.files_copied.fetch_add(1, Relaxed);
@@ -352,7 +368,7 @@ impl Worker {
                 Err(e) => return Err(err(e)),
             }
         }
-        let tmp = TempName::new(&self.shared);
+        let tmp = TempName::new(&self.shared, node);
         let fd = sluice_sys::create_excl_at(node.dst(), tmp.as_cstr(), perm).map_err(err)?;
         Ok(Pending {
             fd,
@@ -613,7 +629,7 @@ impl Worker {
         make: impl FnOnce(BorrowedFd<'_>, &CStr) -> Result<(), Errno>,
     ) -> Result<(), EntryError> {
         self.doing(Activity::Write);
-        let tmp = TempName::new(&self.shared);
+        let tmp = TempName::new(&self.shared, node);
         make(node.dst(), tmp.as_cstr())
             .map_err(|e| node.error(dst_name, Side::Dst, op, Reason::Os(e)))?;
         let guard = TempGuard::new(node.dst(), tmp);
@@ -650,12 +666,13 @@ impl Worker {
                 waiting.push((node.clone(), dst_name.to_owned()));
                 Claim::Handled
             }
-            Some(LinkState::Done(rel, _)) => {
-                let from = CString::new(rel.clone()).expect("no NUL in a path");
+            Some(LinkState::Done(rel, ino)) => {
+                let (rel, ino) = (rel.clone(), *ino);
                 drop(links);
                 let shared = self.shared.clone();
                 let root = shared.dst_root_fd.as_ref().expect("not a dry run");
-                if let Err(err) = self.place_link(root.as_fd(), &from, node, dst_name) {
+                let from = LinkFrom::Beneath(root.as_fd(), &rel, ino);
+                if let Err(err) = self.place_link(from, node, dst_name) {
                     self.shared.fail(err);
                 }
                 Claim::Handled
@@ -692,7 +709,7 @@ impl Worker {
         };
         for (node, to) in waiting {
             let res = if ok {
-                self.place_link(first.dst(), name, &node, &to)
+                self.place_link(LinkFrom::Held(first.dst(), name), &node, &to)
             } else {
                 Err(node.error(
                     &to,
@@ -707,18 +724,32 @@ impl Worker {
         }
     }
 
-    /// Makes `to_name` in `to` a hard link of `from` (relative to `from_dir`),
-    /// replacing whatever had that name, atomically.
+    /// Makes `to_name` in `to` a hard link of `from`, replacing whatever
+    /// had that name, atomically.
     fn place_link(
         &mut self,
-        from_dir: BorrowedFd<'_>,
-        from: &CStr,
+        from: LinkFrom<'_>,
         to: &DirNode,
         to_name: &CStr,
     ) -> Result<(), EntryError> {
-        let tmp = TempName::new(&self.shared);
-        sluice_sys::link_at(from_dir, from, to.dst(), tmp.as_cstr())
-            .map_err(|e| to.error(to_name, Side::Dst, "link", Reason::Os(e)))?;
+        let tmp = TempName::new(&self.shared, to);
+        let linked = match from {
+            LinkFrom::Held(dir, name) => {
+                sluice_sys::link_at(dir, name, to.dst(), tmp.as_cstr()).map_err(Reason::Os)
+            }
+            LinkFrom::Beneath(root, rel, ino) => {
+                crate::target::link_beneath(root, rel, ino, to.dst(), tmp.as_cstr()).map_err(
+                    |f| match f {
+                        crate::target::LinkFailure::Os(e) => Reason::Os(e),
+                        crate::target::LinkFailure::Replaced => Reason::Other(format!(
+                            "{} is no longer the file this run copied there",
+                            crate::error::escape(rel)
+                        )),
+                    },
+                )
+            }
+        };
+        linked.map_err(|r| to.error(to_name, Side::Dst, "link", r))?;
         TempGuard::new(to.dst(), tmp)
             .commit(to_name)
             .map_err(|e| to.error(to_name, Side::Dst, "rename into place", Reason::Os(e)))?;
@@ -810,7 +841,7 @@ impl Worker {
             (Some((tmp, fd, rec)), _) => (Some(tmp), fd, Some(rec), false, false),
             (None, Some(fd)) => (None, fd, None, false, true),
             (None, None) => {
-                let tmp = TempName::new(&self.shared);
+                let tmp = TempName::new(&self.shared, node);
                 let dst = sluice_sys::create_excl_at(node.dst(), tmp.as_cstr(), st.perm() & 0o1777)
                     .map_err(|e| err("create temporary for", e))?;
                 let guard = TempGuard::new(node.dst(), tmp);

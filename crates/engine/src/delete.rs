@@ -5,13 +5,20 @@
 //! so an unreadable source directory (which looks empty) never causes a
 //! deletion. `--max-delete N` stops before the N+1th removal. A dry run
 //! lists and counts what would go, and removes nothing.
+//!
+//! Two more refusals, each a class of data loss other tools have shipped:
+//! an SRC root that lists nothing while DST's root has entries deletes
+//! nothing (an unmounted share or an expired automount is an empty
+//! directory; `--allow-empty-src` overrides), and a directory of DST on
+//! another file system (a mount point inside DST) is never entered: it is
+//! reported and kept, with the directories above it.
 
 use crate::error::{EntryError, Reason, Side};
 use crate::existing::join;
 use crate::job::Shared;
-use sluice_sys::{Errno, FileType};
+use sluice_sys::Errno;
 use sluice_walk::DirStream;
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -46,6 +53,21 @@ pub(crate) fn run(shared: &Shared) {
     let Some(root) = shared.dst_root_fd.as_ref() else {
         return; // a dry run into a DST that does not exist yet
     };
+    let src_empty = shared.src_root_entries.load(Relaxed) == 0;
+    let dst_has = shared.dst_root_entries.load(Relaxed);
+    if src_empty && dst_has > 0 && shared.opts.sub.is_empty() && !shared.opts.allow_empty_src {
+        shared.fail(shared.error(
+            Side::Src,
+            b"",
+            "delete",
+            Reason::Other(format!(
+                "SRC is empty but DST has {dst_has} entries: nothing deleted (an unmounted \
+                 share or an expired automount looks like this); if SRC is meant to be \
+                 empty, run again with --allow-empty-src"
+            )),
+        ));
+        return;
+    }
     let mut stream = DirStream::default();
     let mut deleter = Deleter {
         shared,
@@ -55,17 +77,24 @@ pub(crate) fn run(shared: &Shared) {
         if shared.stopped() {
             return;
         }
-        let dir = match open_rel(root.as_fd(), &group.dir) {
+        let dir = match crate::target::open_beneath(root.as_fd(), &group.dir) {
             Ok(fd) => fd,
             Err(e) => {
                 shared.fail(shared.error(Side::Dst, &group.dir, "open directory", Reason::Os(e)));
                 continue;
             }
         };
-        let mut outcome = Ok(());
+        let dev = match sluice_sys::stat_fd(dir.as_fd()) {
+            Ok(st) => st.dev,
+            Err(e) => {
+                shared.fail(shared.error(Side::Dst, &group.dir, "stat", Reason::Os(e)));
+                continue;
+            }
+        };
+        let mut outcome = Ok(true);
         for (name, is_dir) in &group.names {
             let rel = join(&group.dir, name.to_bytes());
-            outcome = deleter.remove(dir.as_fd(), name, *is_dir, &rel);
+            outcome = deleter.remove(dir.as_fd(), dev, name, *is_dir, &rel);
             if outcome.is_err() {
                 break;
             }
@@ -114,21 +143,38 @@ impl Deleter<'_> {
     }
 
     /// Removes `name` (a whole tree if it is a directory), never following
-    /// a symlink: directories are opened with `O_NOFOLLOW`.
+    /// a symlink (directories are opened with `O_NOFOLLOW`) and never
+    /// entering another file system (`dev` is that of `dir`). `Ok(false)`:
+    /// kept, because a mount point is inside (reported).
     fn remove(
         &mut self,
         dir: BorrowedFd<'_>,
+        dev: (u32, u32),
         name: &CStr,
         is_dir: bool,
         rel: &[u8],
-    ) -> Result<(), Stop> {
+    ) -> Result<bool, Stop> {
         if is_dir {
             let fd = match sluice_sys::open_dir_at(dir, name) {
                 Ok(fd) => fd,
-                Err(Errno::NOENT) => return Ok(()),
+                Err(Errno::NOENT) => return Ok(true),
                 Err(e) => return Err(self.fail(rel, "open directory", e)),
             };
-            self.empty(fd, rel)?;
+            if crate::target::is_mount_point(fd.as_fd(), dev) {
+                self.shared.fail(self.shared.error(
+                    Side::Dst,
+                    rel,
+                    "delete",
+                    Reason::Other(
+                        "a mount point of another file system: not deleted, nor anything in it"
+                            .into(),
+                    ),
+                ));
+                return Ok(false);
+            }
+            if !self.empty(fd, dev, rel)? {
+                return Ok(false);
+            }
         }
         self.take_one()?;
         let res = if self.shared.opts.dry_run {
@@ -144,15 +190,16 @@ impl Deleter<'_> {
                 self.shared
                     .reporter()
                     .entry_deleted(&self.shared.full_path(Side::Dst, rel));
-                Ok(())
+                Ok(true)
             }
-            Err(Errno::NOENT) => Ok(()),
+            Err(Errno::NOENT) => Ok(true),
             Err(e) => Err(self.fail(rel, "delete", e)),
         }
     }
 
-    /// Removes everything inside an open directory, depth first.
-    fn empty(&mut self, fd: OwnedFd, rel: &[u8]) -> Result<(), Stop> {
+    /// Removes everything inside an open directory, depth first; false if
+    /// something was kept (a mount point below).
+    fn empty(&mut self, fd: OwnedFd, dev: (u32, u32), rel: &[u8]) -> Result<bool, Stop> {
         let mut names = Vec::new();
         let listed = self.stream.for_each(fd.as_fd(), |e| {
             names.push(e.name.to_owned());
@@ -161,23 +208,12 @@ impl Deleter<'_> {
         if let Err(e) = listed {
             return Err(self.fail(rel, "list", e));
         }
+        let mut all = true;
         for name in names {
-            let is_dir = sluice_sys::stat_at(fd.as_fd(), &name)
-                .is_ok_and(|st| st.file_type() == FileType::Directory);
+            let is_dir = crate::target::is_dir_at(fd.as_fd(), &name);
             let child = join(rel, name.to_bytes());
-            self.remove(fd.as_fd(), &name, is_dir, &child)?;
+            all &= self.remove(fd.as_fd(), dev, &name, is_dir, &child)?;
         }
-        Ok(())
+        Ok(all)
     }
-}
-
-/// Opens a directory given relative to DST's root, one component at a time
-/// so no symlink is followed and no path length limit applies.
-pub(crate) fn open_rel(root: BorrowedFd<'_>, rel: &[u8]) -> Result<OwnedFd, Errno> {
-    let mut cur = root.try_clone_to_owned().map_err(|_| Errno::MFILE)?;
-    for part in rel.split(|&b| b == b'/').filter(|p| !p.is_empty()) {
-        let name = CString::new(part).map_err(|_| Errno::INVAL)?;
-        cur = sluice_sys::open_dir_at(cur.as_fd(), &name)?;
-    }
-    Ok(cur)
 }

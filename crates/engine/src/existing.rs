@@ -279,40 +279,68 @@ impl Worker {
     }
 
     /// Lists a DST directory that existed before this run: removes
-    /// temporaries an interrupted run left (safe, since this run holds DST's
-    /// lock) and, with `--delete`, notes entries SRC does not have; for
-    /// `verify`, reports those as differences and removes nothing. Costs
-    /// one listing per pre-existing directory, none on a first copy.
+    /// temporaries an interrupted run left in it (only those whose tag
+    /// proves sluice made them in this very directory, and not those a
+    /// resumable journal record owns; each removal is reported) and, with
+    /// `--delete`, notes entries SRC does not have; for `verify`, reports
+    /// those as differences and removes nothing. Costs one listing per
+    /// pre-existing directory, none on a first copy.
+    ///
+    /// With `lock`, the directory is first marked as this run's (a shared
+    /// `flock`); if another run holds it as its DST, nothing in it is
+    /// touched and false is returned: the caller leaves the subtree alone.
     pub(crate) fn scan_existing(
         &mut self,
         rel: &[u8],
         src: BorrowedFd<'_>,
         dst: BorrowedFd<'_>,
         src_stat: &Stat,
-    ) {
+        lock: bool,
+    ) -> bool {
         let sh = self.shared.clone();
+        let fail = |op, reason| sh.fail(sh.error(Side::Dst, rel, op, reason));
+        if lock && sh.writes() && !crate::target::enter(dst) {
+            fail(
+                "enter",
+                Reason::Other(
+                    "another sluice run is writing to this directory; left alone".into(),
+                ),
+            );
+            return false;
+        }
+        let dst_id = match sluice_sys::stat_fd(dst) {
+            Ok(st) => (st.dev.0, st.dev.1, st.ino),
+            Err(e) => {
+                fail("stat", Reason::Os(e));
+                return false;
+            }
+        };
         let mut stream = self.scratch.stream.take().unwrap_or_default();
         let mut stale = Vec::new();
         let mut extras = Vec::new();
         let at_root = rel.is_empty();
+        let mut listed = 0u64;
         let res = stream.for_each(dst, |entry| {
             let name = entry.name;
-            if sluice_sys::is_temp_name(name.to_bytes()) {
+            if sluice_sys::is_own_temp(name.to_bytes(), dst_id) {
                 if sh.writes() && !sh.journal_owns(rel, name) {
                     stale.push(name.to_owned());
                 }
                 return true;
             }
+            if at_root && crate::journal::is_journal_name(name.to_bytes()) {
+                return true;
+            }
+            listed += 1;
             let wants_extras = sh.opts.delete || sh.checking();
-            if !wants_extras || (at_root && crate::journal::is_journal_name(name.to_bytes())) {
+            if !wants_extras {
                 return true;
             }
             match sluice_sys::stat_at(src, name) {
                 Err(Errno::NOENT) => {}
                 _ => return true, // in SRC, or unknown: never delete on doubt
             }
-            let is_dir = sluice_sys::stat_at(dst, name)
-                .is_ok_and(|st| st.file_type() == FileType::Directory);
+            let is_dir = crate::target::is_dir_at(dst, name);
             let filter = &sh.opts.filter;
             if !filter.is_empty() {
                 let path = if filter.needs_path() {
@@ -329,15 +357,21 @@ impl Worker {
             true
         });
         self.scratch.stream = Some(stream);
-        let fail = |op, e| sh.fail(sh.error(Side::Dst, rel, op, Reason::Os(e)));
         if let Err(e) = res {
-            return fail("list", e);
+            fail("list", Reason::Os(e));
+            return true;
+        }
+        if at_root {
+            sh.dst_root_entries.store(listed, Relaxed);
         }
         for name in stale {
-            if let Err(e) = sluice_sys::unlink_at(dst, &name) {
-                if e != Errno::NOENT {
-                    fail("remove leftover temporary", e);
-                }
+            match sluice_sys::unlink_at(dst, &name) {
+                Ok(()) => sh.reporter().notice(
+                    &sh.full_path(Side::Dst, &join(rel, name.to_bytes())),
+                    "removed a temporary an interrupted sluice run left",
+                ),
+                Err(Errno::NOENT) => {}
+                Err(e) => fail("remove leftover temporary", Reason::Os(e)),
             }
         }
         if sh.checking() {
@@ -351,6 +385,7 @@ impl Worker {
                 names: extras,
             });
         }
+        true
     }
 }
 

@@ -89,10 +89,16 @@ pub struct CopyOptions {
     /// directory that changed): subdirectories DST already has are not
     /// descended, new ones are copied whole.
     pub shallow: bool,
-    /// Where this job's SRC sits below the directory the filter's path
-    /// patterns are written for (`sluice watch` syncs subdirectories of
-    /// its SRC): prepended to every path the filter sees.
-    pub filter_base: Vec<u8>,
+    /// A subdirectory of SRC and DST (relative, `/`-separated) that is
+    /// this job's whole tree (`sluice watch` syncs one directory that
+    /// changed): reached from the roots' descriptors without following a
+    /// symlink, and prepended to every path the filter sees, since the
+    /// filter's patterns are written for the roots.
+    pub sub: Vec<u8>,
+    /// Delete even when SRC's root lists nothing while DST's has entries
+    /// (`--allow-empty-src`): without it, an empty SRC root (an unmounted
+    /// share, an expired automount) never empties DST.
+    pub allow_empty_src: bool,
     /// The caller already holds DST's one-writer lock (`sluice watch`
     /// holds it across passes), so the job does not take it.
     pub dst_locked: bool,
@@ -154,7 +160,8 @@ impl Default for CopyOptions {
             bwlimit: None,
             size_window: None,
             shallow: false,
-            filter_base: Vec::new(),
+            sub: Vec::new(),
+            allow_empty_src: false,
             dst_locked: false,
         }
     }
@@ -163,10 +170,10 @@ impl Default for CopyOptions {
 impl CopyOptions {
     /// The path the filter matches for `rel` (relative to this job's SRC).
     pub(crate) fn filter_path(&self, rel: Vec<u8>) -> Vec<u8> {
-        if self.filter_base.is_empty() {
+        if self.sub.is_empty() {
             return rel;
         }
-        let mut p = self.filter_base.clone();
+        let mut p = self.sub.clone();
         p.push(b'/');
         p.extend_from_slice(&rel);
         p
@@ -316,6 +323,11 @@ pub trait Reporter: Send + Sync {
     /// `verify` found an entry different; `path` is its full source path
     /// (its DST path for an entry only DST has).
     fn entry_differs(&self, path: &[u8], what: &str);
+    /// Something the user should know that is not an entry's failure: a
+    /// leftover temporary removed, an unreadable journal discarded, a
+    /// source directory that vanished while the tree was walked. `path` is
+    /// a full path.
+    fn notice(&self, path: &[u8], what: &str);
 }
 
 /// Hard-link bookkeeping for one source inode with more than one name.
@@ -361,6 +373,11 @@ pub(crate) struct Shared {
     tmp_seq: AtomicU64,
     /// Resume state of big files; `None` in a dry run.
     pub journal: Option<Journal>,
+    /// Entries SRC's root listed (filtered or not): none means SRC may be
+    /// an unmounted mount point, and `--delete` must not empty DST.
+    pub src_root_entries: AtomicU64,
+    /// Entries DST's root had before the run (state files not counted).
+    pub dst_root_entries: AtomicU64,
     /// Entries of DST that SRC lacks, for `--delete` after the walk.
     pub extras: Mutex<Vec<Extras>>,
     /// Entries waiting for `--delete` to remove the directory in their way.
@@ -456,14 +473,16 @@ impl Shared {
         p
     }
 
-    /// Writes a fresh temporary name, unique across streams and runs, into
-    /// `out` as a NUL-terminated string. Temporaries start with `.sluice-`
-    /// and end with `.tmp`, so a later run recognises its leftovers.
-    pub fn temp_name(&self, out: &mut [u8; 48]) {
+    /// Writes a fresh temporary name for the DST directory `dir` (device
+    /// and inode), unique across streams and runs, into `out` as a
+    /// NUL-terminated string: `.sluice-<pid>-<seq>-<tag>.tmp`, whose tag
+    /// proves to a later run that sluice created it in that directory.
+    pub fn temp_name(&self, dir: (u32, u32, u64), out: &mut [u8; 64]) {
         use std::io::Write;
         let n = self.tmp_seq.fetch_add(1, Relaxed);
+        let tag = sluice_sys::temp_tag(dir, u64::from(self.pid), n);
         let mut cur = &mut out[..];
-        let _ = write!(cur, ".sluice-{:x}-{:x}.tmp\0", self.pid, n);
+        let _ = write!(cur, ".sluice-{:x}-{:x}-{tag:x}.tmp\0", self.pid, n);
     }
 }
 
@@ -508,7 +527,7 @@ pub fn copy(
         a => a,
     };
     let roots = if src_meta.is_dir() {
-        Roots::tree(src, dst, access)?
+        Roots::tree(src, dst, access, &opts.sub)?
     } else {
         Roots::file(src, dst, access)?
     };
@@ -530,10 +549,23 @@ pub fn copy(
     };
     let journal = match &dst_root_fd {
         Some(_) if opts.check.is_some() || opts.dry_run => None,
-        Some(fd) => Some(Journal::open(
-            fd,
-            roots.single.as_ref().map(|s| s.1.to_bytes()),
-        )),
+        Some(fd) => {
+            let j = Journal::open(fd, roots.single.as_ref().map(|s| s.1.to_bytes()))
+                .map_err(|e| JobError::destination(&roots.dst_path, e))?;
+            if let Some(why) = &j.discarded {
+                let mut path = roots.dst_path.as_os_str().as_bytes().to_vec();
+                path.push(b'/');
+                path.extend_from_slice(j.file_name().as_bytes());
+                reporter.notice(
+                    &path,
+                    &format!(
+                        "the journal of an earlier run could not be read ({why}); it was \
+                         removed, and big files it recorded are copied again in full"
+                    ),
+                );
+            }
+            Some(j)
+        }
         None => None,
     };
     let shared = Arc::new(Shared {
@@ -559,6 +591,8 @@ pub fn copy(
         pid: std::process::id(),
         tmp_seq: AtomicU64::new(0),
         journal,
+        src_root_entries: AtomicU64::new(0),
+        dst_root_entries: AtomicU64::new(0),
         extras: Mutex::new(Vec::new()),
         replaced: Mutex::new(Vec::new()),
         gauge: Gauge::new(jobs),
@@ -567,8 +601,12 @@ pub fn copy(
         gate: Gate::new(if auto { opts.jobs.min(jobs) } else { jobs }, jobs),
         opts,
     });
+    let facts = crate::tree::DstFacts::of(roots.dst_fd.as_ref());
     let root = Arc::new(DirNode {
-        creates_as: crate::tree::creates_as(roots.dst_fd.as_ref()),
+        creates_as: facts.creates_as,
+        dst_id: facts.id,
+        default_acl: facts.default_acl,
+        src_kind: sluice_sys::fs_kind(roots.src_fd.as_fd()),
         src: roots.src_fd,
         dst: roots.dst_fd,
         // A single file's target directory is the user's: its entry is
@@ -668,7 +706,7 @@ fn close_journal(shared: &Shared) {
         let root = shared.dst_root_fd.as_ref().expect("not a dry run");
         for (rel, rec) in journal.unclaimed() {
             let (dir, _) = crate::journal::split_rel(&rel);
-            if let Ok(fd) = crate::delete::open_rel(root.as_fd(), dir) {
+            if let Ok(fd) = crate::target::open_beneath(root.as_fd(), dir) {
                 if let Ok(name) = CString::new(rec.temp) {
                     let _ = sluice_sys::unlink_at(fd.as_fd(), &name);
                 }
@@ -738,7 +776,7 @@ pub(crate) fn resolve(path: &Path) -> std::io::Result<PathBuf> {
 }
 
 impl Roots {
-    fn tree(src: &Path, dst: &Path, access: Access) -> Result<Roots, JobError> {
+    fn tree(src: &Path, dst: &Path, access: Access, sub: &[u8]) -> Result<Roots, JobError> {
         let src_abs = resolve(src).map_err(|e| JobError::source(src, e))?;
         let dst_abs = resolve(dst).map_err(|e| JobError::destination(dst, e))?;
         if dst_abs.starts_with(&src_abs) || src_abs.starts_with(&dst_abs) {
@@ -748,48 +786,49 @@ impl Roots {
                 dst.display()
             )));
         }
-        let src_fd = sluice_sys::open_dir_path(src).map_err(|e| JobError::source(src, e))?;
-        let dst_existed = dst.is_dir();
-        let dst_fd = if access == Access::Peek {
-            dst.is_dir()
-                .then(|| sluice_sys::open_dir_path(dst).map_err(|e| JobError::destination(dst, e)))
-                .transpose()?
-        } else if access == Access::Read {
-            Some(sluice_sys::open_dir_path(dst).map_err(|e| JobError::destination(dst, e))?)
-        } else {
-            std::fs::create_dir_all(dst).map_err(|e| JobError::destination(dst, e))?;
-            let fd = writable_dir(dst)?;
-            // One writer per DST (guarantee 6). The lock lives on DST's own
-            // directory, so no lock file is ever left inside it.
-            if access == Access::WriteLocked {
-                return Ok(Roots {
-                    src_path: src.to_owned(),
-                    dst_path: dst.to_owned(),
-                    src_fd,
-                    dst_fd: Some(fd),
-                    dst_existed,
-                    single: None,
-                });
+        let src_path = join_path(src, sub);
+        let dst_path = join_path(dst, sub);
+        let src_top = sluice_sys::open_dir_path(src).map_err(|e| JobError::source(src, e))?;
+        let src_fd = crate::target::open_beneath(src_top.as_fd(), sub)
+            .map_err(|e| JobError::source(&src_path, e))?;
+        let below = |root: OwnedFd| crate::target::open_beneath(root.as_fd(), sub);
+        let (dst_fd, dst_existed) = match access {
+            // Only looks: an existing DST is opened to compare with.
+            Access::Peek => match crate::target::open_root(dst, false)? {
+                Some(root) => match below(root) {
+                    Ok(fd) => (Some(fd), true),
+                    Err(Errno::NOENT) => (None, false),
+                    Err(e) => return Err(JobError::destination(&dst_path, e)),
+                },
+                None => (None, false),
+            },
+            Access::Read => {
+                let root = crate::target::open_root(dst, true)?.expect("must exist");
+                let fd = below(root).map_err(|e| JobError::destination(&dst_path, e))?;
+                (Some(fd), true)
             }
-            match sluice_sys::try_lock(sluice_sys::fd(&fd)) {
-                Err(Errno::WOULDBLOCK) => {
-                    return Err(JobError::Usage(format!(
-                        "another sluice run is writing to {}; wait for it to finish",
-                        dst.display()
-                    )))
+            Access::Write | Access::WriteLocked => {
+                let (root, existed) = crate::target::create_root(dst)?;
+                // One writer per DST (guarantee 6). The lock lives on DST's
+                // own directory, so no lock file is ever left inside it.
+                if access == Access::Write {
+                    crate::target::lock_root(root.as_fd(), dst)?;
                 }
-                Err(e) => return Err(JobError::destination(dst, e)),
-                Ok(()) => {}
+                if sub.is_empty() {
+                    (Some(root), existed)
+                } else {
+                    let (fd, existed) = crate::target::make_beneath(root.as_fd(), sub)
+                        .map_err(|e| JobError::destination(&dst_path, e))?;
+                    (Some(fd), existed)
+                }
             }
-            Some(fd)
         };
-        let has_dst = dst_fd.is_some();
         Ok(Roots {
-            src_path: src.to_owned(),
-            dst_path: dst.to_owned(),
+            src_path,
+            dst_path,
             src_fd,
             dst_fd,
-            dst_existed: dst_existed && has_dst,
+            dst_existed,
             single: None,
         })
     }
@@ -829,21 +868,17 @@ impl Roots {
         let st = sluice_sys::stat_at(sluice_sys::fd(&src_fd), &cstring(src_name.as_bytes()))
             .map_err(|e| JobError::source(src, e))?;
         let dst_fd = match access {
-            Access::Peek => dst_dir
-                .is_dir()
-                .then(|| {
-                    sluice_sys::open_dir_path(&dst_dir)
-                        .map_err(|e| JobError::destination(&dst_dir, e))
-                })
-                .transpose()?,
-            Access::Read => Some(
-                sluice_sys::open_dir_path(&dst_dir)
-                    .map_err(|e| JobError::destination(&dst_dir, e))?,
-            ),
+            Access::Peek => crate::target::open_root(&dst_dir, false)?,
+            Access::Read => crate::target::open_root(&dst_dir, true)?,
             Access::Write | Access::WriteLocked => {
-                std::fs::create_dir_all(&dst_dir)
-                    .map_err(|e| JobError::destination(&dst_dir, e))?;
-                Some(writable_dir(&dst_dir)?)
+                let (fd, _) = crate::target::create_root(&dst_dir)?;
+                // The target directory is locked as a tree's root is: a
+                // tree run over it would otherwise take this copy's
+                // temporary for a leftover.
+                if access == Access::Write {
+                    crate::target::lock_root(fd.as_fd(), &dst_dir)?;
+                }
+                Some(fd)
             }
         };
         Ok(Roots {
@@ -861,14 +896,13 @@ impl Roots {
     }
 }
 
-/// Opens DST's root and checks that entries can be created in it: an
-/// unwritable or read-only DST stops the job before it starts (exit 2),
-/// rather than failing every entry one by one.
-fn writable_dir(dir: &Path) -> Result<OwnedFd, JobError> {
-    let fd = sluice_sys::open_dir_path(dir).map_err(|e| JobError::destination(dir, e))?;
-    sluice_sys::check_writable_dir(sluice_sys::fd(&fd))
-        .map_err(|e| JobError::destination(dir, e))?;
-    Ok(fd)
+/// `base/sub` for messages (`base` when `sub` is empty).
+fn join_path(base: &Path, sub: &[u8]) -> PathBuf {
+    if sub.is_empty() {
+        base.to_owned()
+    } else {
+        base.join(std::ffi::OsStr::from_bytes(sub))
+    }
 }
 
 fn cstring(b: &[u8]) -> CString {

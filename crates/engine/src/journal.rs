@@ -19,8 +19,8 @@
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use sluice_sys::Stat;
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
@@ -163,7 +163,10 @@ enum Msg {
 
 /// The journal of one job. Cheap when unused: no file, no thread.
 pub(crate) struct Journal {
-    path: PathBuf,
+    /// The directory the journal lives in (DST's root, or a single file's
+    /// target directory), held so the file is always reached from it.
+    dir: OwnedFd,
+    name: CString,
     /// Records an earlier run left, not yet claimed by this run.
     resumable: Mutex<HashMap<Vec<u8>, Record>>,
     /// `(directory, temporary name)` of every resumable record, so leftover
@@ -179,6 +182,8 @@ pub(crate) struct Journal {
     /// Set when the journal cannot be written: the job goes on without
     /// resume state.
     broken: AtomicBool,
+    /// Why an earlier run's journal could not be used, if it could not.
+    pub discarded: Option<String>,
 }
 
 /// Splits `a/b/name` into (`a/b`, `name`).
@@ -190,30 +195,28 @@ pub(crate) fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
 }
 
 impl Journal {
-    /// Opens the journal an earlier run left in `dst_dir` (an open
-    /// descriptor, which must stay open as long as the journal, so the
-    /// path cannot be swapped), if there is one. A
-    /// journal that cannot be read is removed: its temporaries are then
-    /// leftovers like any other, and those files start over.
-    pub fn open(dst_dir: &OwnedFd, single: Option<&[u8]>) -> Journal {
-        let path = PathBuf::from(format!(
-            "/proc/self/fd/{}/{}",
-            dst_dir.as_raw_fd(),
-            file_name(single)
-        ));
-        let (resumable, db) = match read(&path) {
-            Ok(found) => found,
-            Err(_) => {
-                let _ = std::fs::remove_file(&path);
-                (HashMap::new(), None)
+    /// Opens the journal an earlier run left in `dst_dir` (held open for the
+    /// journal's life; the file is opened from it with `O_NOFOLLOW` and must
+    /// be a regular file), if there is one. A journal that cannot be read
+    /// is removed and [`Journal::discarded`] says why: its temporaries are
+    /// then leftovers like any other, and those files start over.
+    pub fn open(dst_dir: &OwnedFd, single: Option<&[u8]>) -> std::io::Result<Journal> {
+        let dir = dst_dir.try_clone()?;
+        let name = CString::new(file_name(single)).expect("no NUL in a journal name");
+        let (resumable, db, discarded) = match read(&dir, &name) {
+            Ok((r, db)) => (r, db, None),
+            Err(why) => {
+                let _ = sluice_sys::unlink_at(dir.as_fd(), &name);
+                (HashMap::new(), None, Some(why))
             }
         };
         let owned = resumable
             .iter()
             .map(|(rel, rec)| (split_rel(rel).0.to_vec(), rec.temp.clone()))
             .collect();
-        Journal {
-            path,
+        Ok(Journal {
+            dir,
+            name,
             resumable: Mutex::new(resumable),
             owned,
             db: Mutex::new(db),
@@ -222,7 +225,13 @@ impl Journal {
             collector: Mutex::new(None),
             sync_failed: Arc::new(Mutex::new(HashSet::new())),
             broken: AtomicBool::new(false),
-        }
+            discarded,
+        })
+    }
+
+    /// The journal's file name, for messages.
+    pub fn file_name(&self) -> String {
+        self.name.to_string_lossy().into_owned()
     }
 
     /// Whether the temporary `name` in directory `dir` belongs to a record
@@ -310,19 +319,9 @@ impl Journal {
     fn start(&self) -> Result<Sender<Msg>, String> {
         let db = match self.db.lock().expect("journal lock").take() {
             Some(db) => db,
-            None => {
-                // Owner-only: the umask is cleared for the job, and the
-                // journal names files that may be private.
-                use std::os::unix::fs::OpenOptionsExt;
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .mode(0o600)
-                    .open(&self.path)
-                    .map_err(|e| e.to_string())?;
-                builder().create(&self.path).map_err(|e| e.to_string())?
-            }
+            // Owner-only: the umask is cleared for the job, and the
+            // journal names files that may be private.
+            None => open_db(&self.dir, &self.name, true)?.ok_or("journal vanished")?,
         };
         let (tx, rx) = channel();
         let failed = self.sync_failed.clone();
@@ -356,8 +355,7 @@ impl Journal {
         // Whatever the collector committed is in the file; count what is left.
         let db = match self.db.lock().expect("journal lock").take() {
             Some(db) => Some(db),
-            None if self.path.exists() => builder().open(&self.path).ok(),
-            None => None,
+            None => open_db(&self.dir, &self.name, false).ok().flatten(),
         };
         let Some(db) = db else {
             return false;
@@ -372,7 +370,7 @@ impl Journal {
             })
             .unwrap_or(1);
         drop(db);
-        left == 0 && std::fs::remove_file(&self.path).is_ok()
+        left == 0 && sluice_sys::unlink_at(self.dir.as_fd(), &self.name).is_ok()
     }
 }
 
@@ -386,13 +384,33 @@ fn builder() -> redb::Builder {
     b
 }
 
+/// Opens the journal file `name` in `dir` (never through a symlink; only a
+/// regular file) as a database: `Ok(None)` if it does not exist and
+/// `create` is false.
+fn open_db(
+    dir: &OwnedFd,
+    name: &std::ffi::CStr,
+    create: bool,
+) -> Result<Option<redb::Database>, String> {
+    let file = match crate::target::open_state(dir.as_fd(), name, create) {
+        Ok(Some(f)) => f,
+        Ok(None) => return Ok(None),
+        Err(sluice_sys::Errno::INVAL) => return Err("not a regular file".into()),
+        Err(e) => return Err(std::io::Error::from(e).to_string()),
+    };
+    let backend = redb::backends::FileBackend::new(file).map_err(|e| e.to_string())?;
+    let db = builder()
+        .create_with_backend(backend)
+        .map_err(|e| e.to_string())?;
+    Ok(Some(db))
+}
+
 /// Reads every record of an existing journal file.
-fn read(path: &std::path::Path) -> Result<(Resumable, Option<redb::Database>), String> {
+fn read(dir: &OwnedFd, name: &std::ffi::CStr) -> Result<(Resumable, Option<redb::Database>), String> {
     let mut resumable = HashMap::new();
-    if !path.exists() {
+    let Some(db) = open_db(dir, name, false)? else {
         return Ok((resumable, None));
-    }
-    let db = builder().open(path).map_err(|e| e.to_string())?;
+    };
     let read = db.begin_read().map_err(|e| e.to_string())?;
     match read.open_table(FILES) {
         Ok(table) => {

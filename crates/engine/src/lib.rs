@@ -30,6 +30,7 @@ mod job;
 mod journal;
 pub mod plan;
 mod queue;
+mod target;
 mod throttle;
 mod tree;
 pub mod tune;

@@ -30,6 +30,14 @@ pub struct DirNode {
     /// without a chown (our euid/egid; `None` if the directory is set-gid
     /// or unknown, so every entry is chowned).
     pub creates_as: Option<(u32, u32)>,
+    /// The DST directory's device and inode: the tag of the temporaries
+    /// created in it (see `sluice_sys::temp_tag`); zeros in a dry run.
+    pub dst_id: (u32, u32, u64),
+    /// Whether the DST directory has a default ACL, so that what is created
+    /// in it inherits ACLs SRC's entries may not have (removed again).
+    pub default_acl: bool,
+    /// What the source directory's file system reports sizes as.
+    pub src_kind: sluice_sys::FsKind,
     /// Whether the metadata of this directory is ours to set (false for the
     /// parent of a single-file copy, which the job does not own).
     pub owned: bool,
@@ -114,12 +122,31 @@ impl Drop for DirNode {
     }
 }
 
-/// What owner new entries in `dst` get: the creator's ids, unless the
-/// directory is set-gid (then the group is inherited).
-pub(crate) fn creates_as(dst: Option<&OwnedFd>) -> Option<(u32, u32)> {
-    let st = sluice_sys::stat_fd(dst?.as_fd()).ok()?;
-    if st.mode & 0o2000 != 0 {
-        return None;
+/// What a job needs to know about a DST directory before writing into it,
+/// from one `statx` (and one `getxattr`).
+pub(crate) struct DstFacts {
+    pub creates_as: Option<(u32, u32)>,
+    pub id: (u32, u32, u64),
+    pub default_acl: bool,
+}
+
+impl DstFacts {
+    /// Facts of `dst` (`None`: a dry run's directory that does not exist).
+    /// New entries are owned by the creator's ids, unless the directory is
+    /// set-gid (then the group is inherited).
+    pub fn of(dst: Option<&OwnedFd>) -> DstFacts {
+        let Some(st) = dst.and_then(|d| sluice_sys::stat_fd(d.as_fd()).ok()) else {
+            return DstFacts {
+                creates_as: None,
+                id: (0, 0, 0),
+                default_acl: false,
+            };
+        };
+        let dst = dst.expect("stat of an open directory");
+        DstFacts {
+            creates_as: (st.mode & 0o2000 == 0).then(sluice_sys::effective_ids),
+            id: (st.dev.0, st.dev.1, st.ino),
+            default_acl: sluice_sys::has_xattr(dst.as_fd(), crate::copy::ACL_DEFAULT),
+        }
     }
-    Some(sluice_sys::effective_ids())
 }

@@ -196,7 +196,7 @@ fn excluded(filter: &sluice_walk::Filter, rel: &[u8]) -> bool {
     false
 }
 
-/// Whether DST is the directory the watch started with.
+/// Whether `path` is the directory (device, inode) a watch started with.
 fn same_dir(dst: &Path, id: (u64, u64)) -> bool {
     std::fs::metadata(dst).is_ok_and(|m| m.is_dir() && (m.dev(), m.ino()) == id)
 }
@@ -228,20 +228,16 @@ pub fn watch(
             dst.display()
         )));
     }
-    std::fs::create_dir_all(dst).map_err(dst_err)?;
-    let dst_dir = std::fs::File::open(dst).map_err(dst_err)?;
-    match sluice_sys::try_lock(sluice_sys::fd(&dst_dir)) {
-        Err(sluice_sys::Errno::WOULDBLOCK) => {
-            return Err(JobError::Usage(format!(
-                "another sluice run is writing to {}; wait for it to finish",
-                dst.display()
-            )))
-        }
-        Err(e) => return Err(dst_err(e.into())),
-        Ok(()) => {}
-    }
+    let (dst_dir, _) = crate::target::create_root(dst)?;
+    crate::target::lock_root(sluice_sys::fd(&dst_dir), dst)?;
+    // Held (with its lock) until the watch ends.
+    let dst_dir = std::fs::File::from(dst_dir);
     let meta = dst_dir.metadata().map_err(dst_err)?;
     let dst_id = (meta.dev(), meta.ino());
+    // SRC is remembered the same way: a share that drops leaves an empty
+    // mount point, which must never look like "everything was deleted".
+    let src_meta = std::fs::metadata(&src).map_err(|e| JobError::source(&src, e))?;
+    let src_id = (src_meta.dev(), src_meta.ino());
 
     let inotify = Inotify::new().map_err(|e| JobError::source(&src, e))?;
     let mut watches = Watches {
@@ -257,6 +253,7 @@ pub fn watch(
         src,
         dst: dst.to_owned(),
         dst_id,
+        src_id,
         options,
         reporter,
         cancel,
@@ -312,13 +309,16 @@ pub fn watch(
         if (full_due.is_none() && dirty.is_empty()) || !settled || now < retry_at {
             continue;
         }
-        if !same_dir(&w.dst, w.dst_id) {
+        let gone = [(&w.src, w.src_id, "SRC"), (&w.dst, w.dst_id, "DST")]
+            .into_iter()
+            .find(|(path, id, _)| !same_dir(path, *id));
+        if let Some((path, _, side)) = gone {
             if down_since.is_none() {
                 down_since = Some(now);
                 w.reporter.unavailable(&format!(
-                    "{} is missing or is not the directory the watch started with \
+                    "{side} {} is missing or is not the directory the watch started with \
                      (unmounted?); changes wait until it is back",
-                    w.dst.display()
+                    path.display()
                 ));
             }
             retry_at = now + backoff;
@@ -381,6 +381,8 @@ struct Watcher<'a> {
     src: PathBuf,
     dst: PathBuf,
     dst_id: (u64, u64),
+    /// SRC root's device and inode when the watch started.
+    src_id: (u64, u64),
     /// A pass's job options; `true` for a full pass.
     options: &'a dyn Fn(bool) -> CopyOptions,
     reporter: Arc<dyn WatchReporter>,
@@ -404,6 +406,9 @@ impl Reporter for Forward {
     fn entry_differs(&self, path: &[u8], what: &str) {
         self.0.entry_differs(path, what)
     }
+    fn notice(&self, path: &[u8], what: &str) {
+        self.0.notice(path, what)
+    }
 }
 
 impl Watcher<'_> {
@@ -413,20 +418,22 @@ impl Watcher<'_> {
         if excluded(&opts.filter, rel) {
             return Ok(true);
         }
-        opts.filter_base = rel.to_vec();
+        opts.sub = rel.to_vec();
         opts.shallow = shallow;
-        opts.dst_locked = rel.is_empty();
-        let src = join(&self.src, rel);
-        let dst = join(&self.dst, rel);
+        // The watch holds DST's lock across passes.
+        opts.dst_locked = true;
         // A directory that is gone, or is something else now, is its
         // parent's business (whose pass the same change marked): a job on
-        // it would copy a file *into* DST's directory of that name.
+        // it would copy a file *into* DST's directory of that name. The job
+        // reaches SRC/rel and DST/rel from the roots without following a
+        // symlink, so one planted in DST never redirects a pass.
+        let src = join(&self.src, rel);
         if !rel.is_empty() && !std::fs::symlink_metadata(&src).is_ok_and(|m| m.is_dir()) {
             return Ok(true);
         }
         match copy(
-            &src,
-            &dst,
+            &self.src,
+            &self.dst,
             opts,
             stats.clone(),
             Arc::new(Forward(self.reporter.clone())),
@@ -434,9 +441,16 @@ impl Watcher<'_> {
         ) {
             Ok(Outcome::Interrupted) => Ok(false),
             Ok(_) => Ok(true),
-            // Gone since the check: its parent's pass deals with that.
+            // Gone (or no longer a directory) since the check: its
+            // parent's pass deals with that.
             Err(JobError::Source { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound && !rel.is_empty() =>
+                if !rel.is_empty()
+                    && source.raw_os_error().is_some_and(|e| {
+                        use sluice_sys::Errno;
+                        [Errno::NOENT, Errno::NOTDIR, Errno::LOOP]
+                            .iter()
+                            .any(|x| x.raw_os_error() == e)
+                    }) =>
             {
                 Ok(true)
             }

@@ -174,8 +174,14 @@ impl Worker {
         }
         match task {
             Task::List(node) => {
-                if node.existed {
-                    self.scan_existing(&node.rel, node.src.as_fd(), node.dst(), &node.stat);
+                // The job's DST root is locked already (exclusively, by this
+                // job or the watch that runs it) unless it is a watch pass's
+                // subdirectory.
+                let lock = !self.shared.opts.sub.is_empty();
+                if node.existed
+                    && !self.scan_existing(&node.rel, node.src.as_fd(), node.dst(), &node.stat, lock)
+                {
+                    return;
                 }
                 self.list(node)
             }
@@ -233,7 +239,14 @@ impl Worker {
         let sh = &self.shared;
         let src = match sluice_sys::open_dir_at(parent.src.as_fd(), name) {
             Ok(fd) => fd,
-            Err(sluice_sys::Errno::NOENT) => return, // vanished since listed
+            Err(sluice_sys::Errno::NOENT) => {
+                // Vanished since it was listed: said, not an error (the
+                // tree changes while it is copied; its DST copy, if any,
+                // is not an extra, since the listing saw it).
+                let path = sh.full_path(Side::Src, &parent.child_rel(name));
+                sh.stats.skipped.fetch_add(1, Relaxed);
+                return sh.reporter().notice(&path, "directory vanished during the walk; skipped");
+            }
             Err(e) => {
                 return sh.fail(parent.error(name, Side::Src, "open directory", Reason::Os(e)))
             }
@@ -278,8 +291,11 @@ impl Worker {
         let descend_existing = !(self.shared.opts.shallow && parent.parent.is_none());
         if let Some(dst) = &dst {
             let rel = parent.child_rel(name);
-            if existed && descend_existing {
-                self.scan_existing(&rel, src.as_fd(), dst.as_fd(), &st);
+            if existed
+                && descend_existing
+                && !self.scan_existing(&rel, src.as_fd(), dst.as_fd(), &st, true)
+            {
+                return;
             }
             if !self.shared.writes() {
                 // a dry run or a verify: nothing is written
@@ -294,8 +310,17 @@ impl Worker {
         }
         let descend = (!self.shared.opts.one_file_system || st.dev == self.shared.root_dev)
             && (descend_existing || !existed);
+        let facts = crate::tree::DstFacts::of(dst.as_ref());
+        let src_kind = if st.dev == parent.stat.dev {
+            parent.src_kind
+        } else {
+            sluice_sys::fs_kind(src.as_fd())
+        };
         let node = Arc::new(DirNode {
-            creates_as: crate::tree::creates_as(dst.as_ref()),
+            creates_as: facts.creates_as,
+            dst_id: facts.id,
+            default_acl: facts.default_acl,
+            src_kind,
             src,
             dst,
             existed,
@@ -351,9 +376,13 @@ impl Worker {
         let opts = &shared.opts;
         let stats = &shared.stats;
         let filter = &opts.filter;
+        let is_root = node.parent.is_none();
         let res = stream.for_each(node.src.as_fd(), |entry| {
             if shared.stopped() {
                 return false;
+            }
+            if is_root {
+                shared.src_root_entries.fetch_add(1, Relaxed);
             }
             self.doing(Activity::Walk);
             let name = entry.name;

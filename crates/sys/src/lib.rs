@@ -24,7 +24,7 @@ pub mod extents;
 pub mod notify;
 mod xattr;
 pub use buf::{AlignedBuf, DIRECT_ALIGN};
-pub use xattr::{copy_xattrs, xattrs_equal};
+pub use xattr::{copy_xattrs, has_xattr, remove_xattr, xattrs_equal};
 
 /// The metadata sluice needs about one entry, read once with `statx`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,8 +94,23 @@ fn statx_mask() -> rustix::fs::StatxFlags {
         | F::BLOCKS
 }
 
+/// Refuses a name that is not one path component (`a/b`, `..`, empty):
+/// every `*at` wrapper here resolves exactly one name below a directory it
+/// was handed, so no path through a directory that could be swapped for a
+/// symlink is ever walked by the kernel. A multi-component DST path must be
+/// opened one component at a time (see the engine's `target` module).
+#[inline]
+fn one(name: &CStr) -> Result<&CStr> {
+    let b = name.to_bytes();
+    if b.is_empty() || b == b".." || b.contains(&b'/') {
+        return Err(Errno::INVAL);
+    }
+    Ok(name)
+}
+
 /// `statx(dir, name, AT_SYMLINK_NOFOLLOW)`: the entry itself, never a link target.
 pub fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<Stat> {
+    one(name)?;
     let x = rustix::fs::statx(
         dir,
         name,
@@ -113,12 +128,40 @@ pub fn stat_fd(fd: BorrowedFd<'_>) -> Result<Stat> {
 
 /// Opens a directory below `dir` without following a symlink at `name`.
 pub fn open_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
+    one(name)?;
     rustix::fs::openat(
         dir,
         name,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )
+}
+
+/// Opens the directory `rel` (components joined by `/`) below `dir`
+/// without following any symlink on the way and without leaving `dir`:
+/// `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` where the kernel
+/// has it (5.6+), else one `O_NOFOLLOW` component at a time. An empty
+/// `rel` reopens `dir` itself.
+pub fn open_dir_beneath(dir: BorrowedFd<'_>, rel: &[u8]) -> Result<OwnedFd> {
+    use rustix::fs::ResolveFlags as R;
+    let parts = || rel.split(|&b| b == b'/').filter(|p| !p.is_empty() && *p != b".");
+    if parts().any(|p| p == b"..") {
+        return Err(Errno::INVAL);
+    }
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let path = if rel.is_empty() { &b"."[..] } else { rel };
+    let path = std::ffi::CString::new(path).map_err(|_| Errno::INVAL)?;
+    let how = R::BENEATH | R::NO_SYMLINKS | R::NO_MAGICLINKS;
+    match rustix::fs::openat2(dir, &path, flags, Mode::empty(), how) {
+        Err(Errno::NOSYS) | Err(Errno::PERM) => {} // no openat2 (or a seccomp filter)
+        other => return other,
+    }
+    let mut cur = rustix::fs::openat(dir, c".", flags, Mode::empty())?;
+    for part in parts() {
+        let name = std::ffi::CString::new(part).map_err(|_| Errno::INVAL)?;
+        cur = open_dir_at(cur.as_fd(), &name)?;
+    }
+    Ok(cur)
 }
 
 /// Opens a directory by path (for the roots of a job); follows symlinks, as a
@@ -135,7 +178,10 @@ pub fn open_dir_path(path: &std::path::Path) -> Result<OwnedFd> {
 /// `O_NOATIME` is tried first so a copy leaves the source's atime alone; it
 /// is refused for files the caller does not own, so it is retried without.
 pub fn open_read_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
-    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY;
+    one(name)?;
+    // O_NONBLOCK: a FIFO swapped in after the entry was listed must not
+    // block the stream forever (it has no effect on regular files).
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
     match rustix::fs::openat(dir, name, flags | OFlags::NOATIME, Mode::empty()) {
         Err(Errno::PERM) => rustix::fs::openat(dir, name, flags, Mode::empty()),
         other => other,
@@ -145,10 +191,11 @@ pub fn open_read_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
 /// Opens an existing file below `dir` for reading and writing, never through a
 /// symlink (a resumed temporary).
 pub fn open_write_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
+    one(name)?;
     rustix::fs::openat(
         dir,
         name,
-        OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY,
+        OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
         Mode::empty(),
     )
 }
@@ -156,6 +203,7 @@ pub fn open_write_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
 /// Creates a new file below `dir` for writing (and reading back): `O_EXCL` so an existing name
 /// (including a symlink planted there) is never opened or followed.
 pub fn create_excl_at(dir: BorrowedFd<'_>, name: &CStr, perm: u32) -> Result<OwnedFd> {
+    one(name)?;
     rustix::fs::openat(
         dir,
         name,
@@ -183,6 +231,7 @@ pub fn create_unnamed(dir: BorrowedFd<'_>, perm: u32) -> Result<OwnedFd> {
 /// without it the `/proc/self/fd` link is used, as `open(2)` documents.
 pub fn link_unnamed(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
     use rustix::fs::AtFlags;
+    one(name)?;
     match rustix::fs::linkat(fd, c"", dir, name, AtFlags::EMPTY_PATH) {
         Err(Errno::NOENT) | Err(Errno::PERM) => {
             use std::os::fd::AsRawFd;
@@ -230,22 +279,133 @@ pub fn try_lock(fd: BorrowedFd<'_>) -> Result<()> {
     rustix::fs::flock(fd, rustix::fs::FlockOperation::NonBlockingLockExclusive)
 }
 
-/// Whether `name` has the shape of a sluice temporary, `.sluice-<hex>-<hex>.tmp`.
+/// Takes a shared `flock` on an open directory without waiting: fails with
+/// `EWOULDBLOCK` while another open file holds it exclusively (another run
+/// whose DST is this directory).
+pub fn try_lock_shared(fd: BorrowedFd<'_>) -> Result<()> {
+    rustix::fs::flock(fd, rustix::fs::FlockOperation::NonBlockingLockShared)
+}
+
+/// Releases an `flock` taken on this open file.
+pub fn unlock(fd: BorrowedFd<'_>) -> Result<()> {
+    rustix::fs::flock(fd, rustix::fs::FlockOperation::Unlock)
+}
+
+/// Opens (with `create`, creating owner-only) a state file of sluice's
+/// (a journal, a chunk map) named `name` in the held directory `dir`:
+/// never through a symlink (`O_NOFOLLOW`), never a FIFO or device
+/// (`O_NONBLOCK`, then `fstat` must say regular file, else `EINVAL`).
+/// `Ok(None)`: it does not exist and `create` was false.
+pub fn open_state_file(dir: BorrowedFd<'_>, name: &CStr, create: bool) -> Result<Option<std::fs::File>> {
+    one(name)?;
+    let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
+    if create {
+        flags |= OFlags::CREATE;
+    }
+    let fd = match rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(0o600)) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) if !create => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if stat_fd(fd.as_fd())?.file_type() != FileType::RegularFile {
+        return Err(Errno::INVAL);
+    }
+    // Back to blocking I/O for the database that reads and writes it.
+    let fl = rustix::fs::fcntl_getfl(&fd)?;
+    rustix::fs::fcntl_setfl(&fd, fl - OFlags::NONBLOCK)?;
+    Ok(Some(std::fs::File::from(fd)))
+}
+
+/// What a file system's sizes and block counts can be trusted for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsKind {
+    /// Sizes are the bytes a read returns; few blocks mean holes.
+    Plain,
+    /// Sizes are right but block counts may be 0 (FUSE): never a sign of holes.
+    NoBlocks,
+    /// Sizes are not what a read returns (`/proc` says 0, `/sys` 4096):
+    /// files must be read to their end.
+    Synthetic,
+}
+
+/// The kind of the file system holding `fd` (`fstatfs`).
+pub fn fs_kind(fd: BorrowedFd<'_>) -> FsKind {
+    const PROC: i64 = 0x9fa0;
+    const SYSFS: i64 = 0x6265_6572;
+    const DEBUGFS: i64 = 0x6462_6720;
+    const TRACEFS: i64 = 0x7472_6163;
+    const SECURITYFS: i64 = 0x7363_6673;
+    const CONFIGFS: i64 = 0x6265_6570;
+    const CGROUP: i64 = 0x0027_e0eb;
+    const CGROUP2: i64 = 0x6367_7270;
+    const EFIVARFS: i64 = 0xde5e_81e4;
+    const PSTORE: i64 = 0x6165_676c;
+    const BPF: i64 = 0xcafe_4a11;
+    const FUSE: i64 = 0x6573_5546;
+    let Ok(st) = rustix::fs::fstatfs(fd) else {
+        return FsKind::Plain;
+    };
+    #[allow(clippy::unnecessary_cast)]
+    match st.f_type as i64 {
+        PROC | SYSFS | DEBUGFS | TRACEFS | SECURITYFS | CONFIGFS | CGROUP | CGROUP2
+        | EFIVARFS | PSTORE | BPF => FsKind::Synthetic,
+        FUSE => FsKind::NoBlocks,
+        _ => FsKind::Plain,
+    }
+}
+
+/// Whether `name` has the shape of a sluice temporary,
+/// `.sluice-<hex>-<hex>-<hex>.tmp` (process, sequence, tag) or the
+/// untagged `.sluice-<hex>-<hex>.tmp` of earlier versions. The shape alone
+/// never licenses a removal: see [`temp_tag`].
 pub fn is_temp_name(name: &[u8]) -> bool {
-    let Some(mid) = name
-        .strip_prefix(b".sluice-")
-        .and_then(|n| n.strip_suffix(b".tmp"))
-    else {
+    temp_parts(name).is_some()
+}
+
+/// The hex fields of a temporary's name.
+fn temp_parts(name: &[u8]) -> Option<Vec<&[u8]>> {
+    let mid = name.strip_prefix(b".sluice-")?.strip_suffix(b".tmp")?;
+    let parts: Vec<&[u8]> = mid.split(|&b| b == b'-').collect();
+    let hex = |p: &&[u8]| !p.is_empty() && p.len() <= 16 && p.iter().all(u8::is_ascii_hexdigit);
+    ((2..=3).contains(&parts.len()) && parts.iter().all(hex)).then_some(parts)
+}
+
+/// The tag that makes a temporary provably sluice's: a hash of the
+/// directory it was created in (device and inode) and the name's other
+/// fields. A file that merely looks like a temporary (one copied from a
+/// SRC that was itself a DST, or a user's) carries no tag or the tag of
+/// another directory, and is left alone.
+pub fn temp_tag(dir: (u32, u32, u64), pid: u64, seq: u64) -> u64 {
+    let mut h: u64 = 0x736c_7569_6365_7470; // "sluicetp"
+    for v in [u64::from(dir.0), u64::from(dir.1), dir.2, pid, seq] {
+        // SplitMix64 rounds: cheap, and every input bit moves the output.
+        h = (h ^ v).wrapping_add(0x9e37_79b9_7f4a_7c15);
+        h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        h ^= h >> 31;
+    }
+    h
+}
+
+/// Whether `name` is a temporary sluice created in the directory
+/// identified by `dir`: its tag matches.
+pub fn is_own_temp(name: &[u8], dir: (u32, u32, u64)) -> bool {
+    let Some(parts) = temp_parts(name) else {
         return false;
     };
-    let mut parts = mid.split(|&b| b == b'-');
-    let hex =
-        |p: Option<&[u8]>| p.is_some_and(|p| !p.is_empty() && p.iter().all(u8::is_ascii_hexdigit));
-    hex(parts.next()) && hex(parts.next()) && parts.next().is_none()
+    let num = |p: &[u8]| u64::from_str_radix(std::str::from_utf8(p).ok()?, 16).ok();
+    match parts.as_slice() {
+        [pid, seq, tag] => match (num(pid), num(seq), num(tag)) {
+            (Some(p), Some(s), Some(t)) => temp_tag(dir, p, s) == t,
+            _ => false,
+        },
+        _ => false,
+    }
 }
 
 /// `mkdirat`.
 pub fn mkdir_at(dir: BorrowedFd<'_>, name: &CStr, perm: u32) -> Result<()> {
+    one(name)?;
     rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(perm))
 }
 
@@ -256,16 +416,20 @@ pub fn rename_at(
     to_dir: BorrowedFd<'_>,
     to: &CStr,
 ) -> Result<()> {
+    one(from)?;
+    one(to)?;
     rustix::fs::renameat(dir, from, to_dir, to)
 }
 
 /// Removes a non-directory entry.
 pub fn unlink_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
+    one(name)?;
     rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::empty())
 }
 
 /// Removes an empty directory.
 pub fn rmdir_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
+    one(name)?;
     rustix::fs::unlinkat(dir, name, rustix::fs::AtFlags::REMOVEDIR)
 }
 
@@ -276,21 +440,26 @@ pub fn link_at(
     to_dir: BorrowedFd<'_>,
     to: &CStr,
 ) -> Result<()> {
+    one(from)?;
+    one(to)?;
     rustix::fs::linkat(from_dir, from, to_dir, to, rustix::fs::AtFlags::empty())
 }
 
 /// Reads a symlink's target into `reuse` (cleared first).
 pub fn readlink_at(dir: BorrowedFd<'_>, name: &CStr, reuse: Vec<u8>) -> Result<std::ffi::CString> {
+    one(name)?;
     rustix::fs::readlinkat(dir, name, reuse)
 }
 
 /// Creates a symlink named `name` below `dir` pointing at `target`.
 pub fn symlink_at(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> Result<()> {
+    one(name)?;
     rustix::fs::symlinkat(target, dir, name)
 }
 
 /// Creates a FIFO, socket or device node.
 pub fn mknod_at(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> Result<()> {
+    one(name)?;
     let dev = rustix::fs::makedev(st.rdev.0, st.rdev.1);
     rustix::fs::mknodat(
         dir,
@@ -321,6 +490,7 @@ pub fn set_times(fd: BorrowedFd<'_>, st: &Stat) -> Result<()> {
 
 /// Sets atime and mtime of the entry itself (a symlink is not followed).
 pub fn set_times_at(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> Result<()> {
+    one(name)?;
     rustix::fs::utimensat(
         dir,
         name,
@@ -337,6 +507,7 @@ pub fn set_owner(fd: BorrowedFd<'_>, st: &Stat) -> Result<()> {
 
 /// Sets owner and group of the entry itself (a symlink is not followed).
 pub fn set_owner_at(dir: BorrowedFd<'_>, name: &CStr, st: &Stat) -> Result<()> {
+    one(name)?;
     let (uid, gid) = ids(st);
     rustix::fs::chownat(
         dir,
@@ -605,7 +776,7 @@ pub fn fd<F: AsFd>(f: &F) -> BorrowedFd<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::is_temp_name;
+    use super::{is_own_temp, is_temp_name, temp_tag};
 
     #[test]
     fn temp_names_are_recognised_exactly() {
@@ -616,5 +787,19 @@ mod tests {
         assert!(!is_temp_name(b".sluice-xyz-1.tmp"));
         assert!(!is_temp_name(b"sluice-1-2.tmp"));
         assert!(!is_temp_name(b".sluice-1-2.tmp.bak"));
+        assert!(is_temp_name(b".sluice-1-2-ab.tmp"));
+        assert!(!is_temp_name(b".sluice-1-2-3-4.tmp"));
+    }
+
+    #[test]
+    fn only_tagged_temporaries_of_this_directory_are_ours() {
+        let dir = (8, 1, 1234);
+        let tag = temp_tag(dir, 0x1a, 7);
+        let name = format!(".sluice-1a-7-{tag:x}.tmp");
+        assert!(is_own_temp(name.as_bytes(), dir));
+        assert!(!is_own_temp(name.as_bytes(), (8, 1, 1235)), "another directory");
+        assert!(!is_own_temp(b".sluice-1a-7.tmp", dir), "untagged");
+        let forged = format!(".sluice-1a-8-{tag:x}.tmp");
+        assert!(!is_own_temp(forged.as_bytes(), dir), "tag of another name");
     }
 }

@@ -109,3 +109,16 @@ pub fn xattrs_equal(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<bool> {
     }
     Ok(true)
 }
+
+/// Whether an open file or directory has the extended attribute `name`.
+pub fn has_xattr(fd: BorrowedFd<'_>, name: &CStr) -> bool {
+    rustix::fs::fgetxattr_query(fd, name).is_ok()
+}
+
+/// Removes the extended attribute `name` (absent is not an error).
+pub fn remove_xattr(fd: BorrowedFd<'_>, name: &CStr) -> Result<()> {
+    match rustix::fs::fremovexattr(fd, name) {
+        Err(Errno::NODATA) | Err(Errno::OPNOTSUPP) => Ok(()),
+        other => other,
+    }
+}
