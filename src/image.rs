@@ -67,7 +67,10 @@ pub fn run_with(src: &Path, dst: &Path, opts: ImageOptions, show: &Show) -> Exit
             }
         }
         Ok((Outcome::Interrupted, _)) => {
-            eprintln!("sluice: interrupted; run the same command again to finish")
+            eprintln!(
+                "sluice: interrupted {}; run the same command again to finish",
+                crate::output::stopped_by()
+            )
         }
         Ok(_) => {}
     }

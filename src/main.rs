@@ -7,7 +7,7 @@
 //! | 0    | done (every entry copied) |
 //! | 1    | finished, but some entries failed; each was listed with path and reason |
 //! | 2    | fatal error or bad usage; nothing half-written was left under a final name |
-//! | 130  | interrupted (SIGINT/SIGTERM); temporaries removed, run again to finish |
+//! | 130  | interrupted (SIGINT, SIGTERM, SIGHUP); state saved, run again to finish |
 
 #![forbid(unsafe_code)]
 

@@ -161,7 +161,10 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
         }
     }
     if result.as_ref().is_ok_and(|o| *o == Outcome::Interrupted) {
-        eprintln!("sluice: interrupted; run the same command again to finish");
+        eprintln!(
+            "sluice: interrupted {}; run the same command again to finish",
+            stopped_by()
+        );
     }
     if args.show.json {
         println!("{}", summary_json(&summary, outcome, kind));
@@ -174,13 +177,33 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
     ExitCode::from(code)
 }
 
-/// A flag set by SIGINT or SIGTERM: the job stops at its next boundary.
+/// The last stop signal received (0: none), for the closing message.
+static SIGNAL: std::sync::OnceLock<Arc<std::sync::atomic::AtomicUsize>> =
+    std::sync::OnceLock::new();
+
+/// A flag set by SIGINT, SIGTERM or SIGHUP (a closed terminal, which
+/// must not end a job silently): the job stops at its next boundary, well
+/// within a second, with its state saved.
 pub fn cancel_on_signals() -> Arc<AtomicBool> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let cancel = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+    let which = SIGNAL.get_or_init(Arc::default);
+    for sig in [SIGINT, SIGTERM, SIGHUP] {
+        let _ = signal_hook::flag::register_usize(sig, which.clone(), sig as usize);
         let _ = signal_hook::flag::register(sig, cancel.clone());
     }
     cancel
+}
+
+/// What stopped the job, in words, for the "interrupted" line.
+pub fn stopped_by() -> &'static str {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    match SIGNAL.get().map_or(0, |s| s.load(Relaxed)) as i32 {
+        SIGHUP => "by SIGHUP (the terminal closed)",
+        SIGTERM => "by SIGTERM",
+        SIGINT => "by SIGINT",
+        _ => "",
+    }
 }
 
 /// Draws `line()` until `done`: on a terminal a redrawn bar; when
@@ -259,7 +282,9 @@ pub fn rate(n: f64, elapsed: Duration) -> f64 {
 fn progress_line(stats: &Stats, elapsed: Duration, walk_settled: bool) -> String {
     let done = stats.entries_done();
     let found = stats.entries_found.load(Relaxed);
-    let bytes = stats.bytes_copied.load(Relaxed) as f64;
+    // Bytes as they are written (a big file's count as copied only when it
+    // is committed), or as they are compared for verify.
+    let bytes = stats.bytes_copied.load(Relaxed).max(stats.data_moved.load(Relaxed)) as f64;
     let bytes_found = stats.bytes_found.load(Relaxed) as f64;
     let speed = rate(bytes, elapsed);
     let eta = if !walk_settled {

@@ -410,6 +410,14 @@ impl LoopFs {
     pub fn path(&self) -> &Path {
         self.mnt.path()
     }
+
+    /// Unmounts and mounts the image again (what a reboot would find).
+    pub fn remount(&self) {
+        let mnt = self.mnt.path().to_str().unwrap();
+        let img = self._img.path().join("fs.img");
+        assert!(run("umount", &[mnt]), "umount {mnt}");
+        assert!(run("mount", &["-o", "loop", img.to_str().unwrap(), mnt]), "mount {mnt}");
+    }
 }
 
 impl Drop for LoopFs {

@@ -10,6 +10,7 @@ mod image;
 mod limits;
 mod probe;
 mod resume;
+mod safety;
 mod sync;
 mod tune;
 mod verify;

@@ -172,17 +172,37 @@ fn err(e: impl std::fmt::Display) -> String {
 }
 
 impl ChunkMap {
-    /// Opens the map at `path`, creating it if missing. Another process
-    /// holding it open is an error: one writer per DST.
+    /// Opens the map at `path`, creating it (owner-only) if missing: from
+    /// its directory's descriptor with `O_NOFOLLOW`, and only if it is a
+    /// regular file, so a symlink planted under the map's name never makes
+    /// sluice create or write a file elsewhere. Another process holding it
+    /// open is an error: one writer per DST.
     pub fn open(path: &Path) -> Result<ChunkMap, String> {
+        let fail = |e: String| format!("chunk map {}: {e}", path.display());
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let name = path
+            .file_name()
+            .and_then(|n| std::ffi::CString::new(n.as_encoded_bytes()).ok())
+            .ok_or_else(|| fail("names no file".into()))?;
+        let dir = sluice_sys::open_dir_path(dir).map_err(|e| fail(e.to_string()))?;
+        let file = match crate::target::open_state(std::os::fd::AsFd::as_fd(&dir), &name, true) {
+            Ok(Some(f)) => f,
+            Ok(None) => unreachable!("created if missing"),
+            Err(sluice_sys::Errno::INVAL) => return Err(fail("not a regular file".into())),
+            Err(e) => return Err(fail(std::io::Error::from(e).to_string())),
+        };
+        let backend = redb::backends::FileBackend::new(file).map_err(|e| fail(e.to_string()))?;
         let mut b = redb::Builder::new();
         b.set_cache_size(4 << 20);
-        let db = b.create(path).map_err(|e| match e {
+        let db = b.create_with_backend(backend).map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => format!(
                 "another sluice run is using the chunk map {}; wait for it to finish",
                 path.display()
             ),
-            e => format!("chunk map {}: {e}", path.display()),
+            e => fail(e.to_string()),
         })?;
         Ok(ChunkMap { db })
     }

@@ -170,6 +170,9 @@ pub(crate) struct BigFile {
     next: AtomicU64,
     done: AtomicU64,
     failed: Mutex<Option<EntryError>>,
+    /// Bytes this run wrote into it: counted as copied once it is committed
+    /// (a file that then fails copied nothing).
+    copied: AtomicU64,
     /// Whether the journal has a record of this file.
     journaled: bool,
     /// How many times the source changed under earlier attempts.
@@ -319,7 +322,14 @@ impl Worker {
         self.doing(Activity::Write);
         let pending = self.create_pending(node, dst_name, st.perm() & 0o1777)?;
         let dst = pending.fd.as_fd();
-        if st.size > 0 {
+        let mut size = st.size;
+        if node.src_kind == sluice_sys::FsKind::Synthetic {
+            // /proc says 0 bytes, /sys 4096: what a read returns is the file.
+            self.doing(Activity::Copy);
+            size = self
+                .copy_to_end(src.as_fd(), dst)
+                .map_err(|(op, e)| node.error(dst_name, copy_side(e), op, Reason::Os(e)))?;
+        } else if st.size > 0 {
             let copied = self
                 .copy_data(src.as_fd(), dst, st)
                 .map_err(|(op, e)| node.error(dst_name, copy_side(e), op, Reason::Os(e)))?;
@@ -339,6 +349,17 @@ impl Worker {
             if self.shared.opts.verify {
                 self.read_back(node, dst_name, src.as_fd(), dst, 0, st.size)?;
             }
+            // A sparse file's size was set before its data: after a power
+            // loss it could come back full-sized with SRC's mtime and
+            // zeros, which the quick check would take as up to date. Its
+            // data is made durable before its times say it is complete.
+            // (A dense file's size grows with its data, so a crash leaves
+            // it short, which the quick check sees.)
+            if st.is_sparse() && !self.shared.opts.fsync {
+                sluice_sys::sync_data(dst).map_err(|e| {
+                    node.error(dst_name, Side::Dst, "write back", Reason::Os(e))
+                })?;
+            }
         }
         self.doing(Activity::Write);
         self.finish_file(node, src.as_fd(), dst, dst_name, st)?;
@@ -347,8 +368,35 @@ impl Worker {
             .map_err(|e| node.error(dst_name, Side::Dst, "rename into place", Reason::Os(e)))?;
         let stats = &self.shared.stats;
         stats.files_copied.fetch_add(1, Relaxed);
-        stats.bytes_copied.fetch_add(st.size, Relaxed);
+        stats.bytes_copied.fetch_add(size, Relaxed);
         Ok(())
+    }
+
+    /// Copies a file whose size cannot be trusted by reading it to its end
+    /// through the stream's buffer. Returns the bytes copied.
+    fn copy_to_end(
+        &mut self,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+    ) -> Result<u64, (&'static str, Errno)> {
+        let moved = &self.shared.stats.data_moved;
+        // Small reads: /proc answers a large one with ENOMEM.
+        let buf = self.scratch.buf();
+        let most = buf.len().min(64 << 10);
+        let buf = &mut buf[..most];
+        let mut off = 0u64;
+        loop {
+            let n = sluice_sys::read_full_at(src, buf, off).map_err(|e| ("read", e))?;
+            if n == 0 {
+                return Ok(off);
+            }
+            sluice_sys::write_all_at(dst, &buf[..n], off).map_err(|e| ("write", e))?;
+            moved.fetch_add(n as u64, Relaxed);
+            off += n as u64;
+            if self.shared.stopped() {
+                return Err(("read", Errno::INTR));
+            }
+        }
     }
 
     /// Creates the file that will become `dst_name` once complete.
@@ -423,7 +471,39 @@ impl Worker {
                     Reason::Other(format!("{what}: {}", Reason::Os(e))),
                 )
             },
-        )
+        )?;
+        if node.default_acl {
+            self.drop_inherited_acls(node, name, src, dst, st)?;
+        }
+        Ok(())
+    }
+
+    /// An entry created in a DST directory with a default ACL inherited an
+    /// access ACL (and a directory, the default ACL too) and a mode masked
+    /// by it: what SRC's entry does not have is removed and the mode set
+    /// exactly, so DST ends with SRC's ACLs and nothing else.
+    fn drop_inherited_acls(
+        &self,
+        node: &DirNode,
+        name: &CStr,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        st: &Stat,
+    ) -> Result<(), EntryError> {
+        let err = |op, e| node.error(name, Side::Dst, op, Reason::Os(e));
+        for acl in [ACL_ACCESS, ACL_DEFAULT] {
+            if !sluice_sys::has_xattr(src, acl) {
+                sluice_sys::remove_xattr(dst, acl).map_err(|e| err("remove inherited ACL", e))?;
+            }
+        }
+        // A directory stays owner-only until it is finished (its real mode
+        // is set then, after its contents).
+        let perm = if st.file_type() == FileType::Directory {
+            0o700
+        } else {
+            st.perm() & self.shared.opts.perm_mask()
+        };
+        sluice_sys::set_perm(dst, perm).map_err(|e| err("chmod", e))
     }
 
     /// Copies a whole file's data (clone, kernel copy or read/write, holes
@@ -535,7 +615,9 @@ impl Worker {
         let mut done = 0;
         while done < len {
             let want = throttle.piece().min(len - done);
-            throttle.take(want);
+            if !throttle.take(want) {
+                return Err(("copy", Errno::INTR)); // stopped
+            }
             let n = self.copy_piece(src, dst, off + done, want)?;
             done += n;
             if n < want {
@@ -877,9 +959,6 @@ impl Worker {
         if let (true, Some(j), Some(rec)) = (journaled, journal, record) {
             j.begin(&rel, rec);
         }
-        if cloned {
-            self.shared.stats.bytes_copied.fetch_add(st.size, Relaxed);
-        }
         Ok(Arc::new(BigFile {
             node: node.clone(),
             src_name: src_name.to_owned(),
@@ -895,6 +974,7 @@ impl Worker {
             next: AtomicU64::new(0),
             done: AtomicU64::new(0),
             failed: Mutex::new(None),
+            copied: AtomicU64::new(if cloned { st.size } else { 0 }),
             journaled,
             attempt,
             committed: AtomicBool::new(false),
@@ -972,7 +1052,7 @@ impl Worker {
         } else {
             self.copy_range(src, dst, off, len)?
         };
-        self.shared.stats.bytes_copied.fetch_add(copied, Relaxed);
+        big.copied.fetch_add(copied, Relaxed);
         self.shared.stats.chunk_bytes.fetch_add(copied, Relaxed);
         Ok(())
     }
@@ -1050,6 +1130,15 @@ impl Worker {
             sluice_sys::set_len(big.dst.as_fd(), big.st.size)
                 .map_err(|e| node.error(&big.dst_name, Side::Dst, "truncate", Reason::Os(e)))?;
         }
+        // Its size was set up front (or it is patched in place): unless the
+        // journal synced every chunk (and is still working), the data is made durable
+        // before the times that make it look complete (see `copy_whole`).
+        let recorded = big.journaled && journal.is_some_and(|j| j.working());
+        if !recorded && !self.shared.opts.fsync {
+            sluice_sys::sync_data(big.dst.as_fd()).map_err(|e| {
+                node.error(&big.dst_name, Side::Dst, "write back", Reason::Os(e))
+            })?;
+        }
         self.finish_file(
             node,
             big.src.as_fd(),
@@ -1073,7 +1162,9 @@ impl Worker {
         if let Some(j) = journal {
             j.forget(&big.rel);
         }
-        self.shared.stats.files_copied.fetch_add(1, Relaxed);
+        let stats = &self.shared.stats;
+        stats.files_copied.fetch_add(1, Relaxed);
+        stats.bytes_copied.fetch_add(big.copied.load(Relaxed), Relaxed);
         Ok(())
     }
 }
@@ -1150,8 +1241,8 @@ impl Worker {
             // the read comes back short.
             let want = (len - done).next_multiple_of(sluice_sys::DIRECT_ALIGN as u64);
             let step = want.min(buf.len() as u64).min(most) as usize;
-            if let Some(t) = throttle {
-                t.take(step as u64);
+            if throttle.as_ref().is_some_and(|t| !t.take(step as u64)) {
+                return Err(("copy", Errno::INTR)); // stopped
             }
             gauge.set(id, Activity::Read);
             let n = sluice_sys::read_full_at(src, &mut buf[..step], off + done)

@@ -99,7 +99,7 @@ pub(crate) fn run(shared: &Shared) {
                 break;
             }
         }
-        if !shared.opts.dry_run {
+        if shared.deletes_for_real {
             // Removing entries changed the directory's times; put SRC's back.
             let _ = sluice_sys::set_times(dir.as_fd(), &group.src_stat);
             if shared.opts.fsync {
@@ -177,7 +177,7 @@ impl Deleter<'_> {
             }
         }
         self.take_one()?;
-        let res = if self.shared.opts.dry_run {
+        let res = if !self.shared.deletes_for_real {
             Ok(()) // counted and listed, not removed
         } else if is_dir {
             sluice_sys::rmdir_at(dir, name)

@@ -107,8 +107,8 @@ impl Worker {
                 } else {
                     n
                 };
-                if let Some(t) = throttle {
-                    t.take(n as u64);
+                if throttle.as_ref().is_some_and(|t| !t.take(n as u64)) {
+                    return Err(("write", Errno::INTR)); // stopped
                 }
                 gauge.set(id, Activity::Write);
                 sluice_sys::write_all_at(dst, &a[..end], at).map_err(|e| ("write", e))?;

@@ -58,6 +58,14 @@ impl EntryError {
     }
 }
 
+impl EntryError {
+    /// Whether this is the destination running out of space (or quota).
+    pub fn is_out_of_space(&self) -> bool {
+        self.side == Side::Dst
+            && matches!(self.reason, Reason::Os(Errno::NOSPC) | Reason::Os(Errno::DQUOT))
+    }
+}
+
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

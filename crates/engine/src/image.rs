@@ -814,7 +814,8 @@ pub fn image(
                 std::fs::create_dir_all(dir).map_err(|e| JobError::destination(dir, e))?;
             }
         }
-        if writes || map_path.exists() {
+        // A symlink there is not followed (and makes the open fail).
+        if writes || map_path.symlink_metadata().is_ok() {
             let m = ChunkMap::open(&map_path).map_err(JobError::Usage)?;
             header = m.header().map_err(map_err(&map_path))?;
             map = Some(m);
@@ -987,7 +988,7 @@ pub fn image(
         reporter: &*reporter,
         cancel: &cancel,
         gauge: Gauge::new(jobs),
-        throttle: opts.bwlimit.map(Throttle::new),
+        throttle: opts.bwlimit.map(|r| Throttle::new(r, [cancel.clone(), Arc::default()])),
         direct_dst,
         fatal: Mutex::new(None),
         records: Records::new(writes && map.is_some(), jobs),

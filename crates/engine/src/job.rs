@@ -35,6 +35,7 @@ pub enum Reflink {
 
 /// Everything a copy job is told; `Default` is what `sluice copy` does
 /// without options.
+#[derive(Clone)]
 pub struct CopyOptions {
     /// Number of streams in the pool (with `auto_jobs`, where tuning starts).
     pub jobs: usize,
@@ -347,7 +348,12 @@ pub(crate) struct Shared {
     pub queue: Queue<Task>,
     pub stats: Arc<Stats>,
     reporter: Arc<dyn Reporter>,
+    /// Set by the caller (a signal): the job stops, state saved.
     cancel: Arc<AtomicBool>,
+    /// Set by a fatal error: the job stops too, but the caller's flag is
+    /// left alone (a full disk under `--delete` is followed by a pass that
+    /// frees space).
+    halted: Arc<AtomicBool>,
     fatal: Mutex<Option<EntryError>>,
     pub links: Mutex<HashMap<(u32, u32, u64), LinkState>>,
     src_root: Vec<u8>,
@@ -373,6 +379,9 @@ pub(crate) struct Shared {
     tmp_seq: AtomicU64,
     /// Resume state of big files; `None` in a dry run.
     pub journal: Option<Journal>,
+    /// Whether `--delete` removes what it finds (a dry run only counts,
+    /// except in the walk that frees a full disk).
+    pub deletes_for_real: bool,
     /// Entries SRC's root listed (filtered or not): none means SRC may be
     /// an unmounted mount point, and `--delete` must not empty DST.
     pub src_root_entries: AtomicU64,
@@ -424,18 +433,22 @@ impl Shared {
 
     /// True once the job must stop: cancelled, or a fatal error.
     pub fn stopped(&self) -> bool {
-        self.cancel.load(Relaxed)
+        self.cancel.load(Relaxed) || self.halted.load(Relaxed)
     }
 
-    /// Records an entry failure; a fatal one stops the job.
+    /// Records an entry failure; a fatal one stops the job. A copy cut
+    /// short because the job was stopped is not a failure of its entry.
     pub fn fail(&self, err: EntryError) {
+        if self.stopped() && err.reason == crate::Reason::Os(Errno::INTR) {
+            return;
+        }
         self.stats.errors.fetch_add(1, Relaxed);
         if err.is_fatal() {
             let mut fatal = self.fatal.lock().expect("fatal lock");
             if fatal.is_none() {
                 *fatal = Some(err);
             }
-            self.cancel.store(true, Relaxed);
+            self.halted.store(true, Relaxed);
             return;
         }
         self.reporter.entry_failed(&err);
@@ -492,6 +505,12 @@ impl Shared {
 ///
 /// On `Err`, nothing partial is left under a final name: files are renamed
 /// into place only when complete.
+///
+/// `sync --delete` onto a destination that fills up converges: when the
+/// copy stops on a full disk, the trees are walked again without writing
+/// (a dry run's walk), the extras `--delete` would remove are removed if
+/// that walk had no error, and the copy runs once more. Deletes never run
+/// before a clean walk, and a job that has room pays nothing for this.
 pub fn copy(
     src: &Path,
     dst: &Path,
@@ -500,6 +519,53 @@ pub fn copy(
     reporter: Arc<dyn Reporter>,
     cancel: Arc<AtomicBool>,
 ) -> Result<Outcome, JobError> {
+    let may_free = opts.delete && !opts.dry_run && opts.check.is_none();
+    let first = run(src, dst, opts.clone(), Pass::Copy, &stats, &reporter, &cancel);
+    let full = matches!(&first, Err(JobError::Fatal(e)) if e.is_out_of_space());
+    if !may_free || !full || cancel.load(Relaxed) {
+        return first;
+    }
+    reporter.notice(
+        dst.as_os_str().as_bytes(),
+        "destination full: removing what --delete would remove (after a clean walk), \
+         then copying again",
+    );
+    let walk = Arc::new(Stats::default());
+    let freed = run(src, dst, opts.clone(), Pass::FreeSpace, &walk, &reporter, &cancel);
+    let deleted = walk.deleted.load(Relaxed);
+    stats.deleted.fetch_add(deleted, Relaxed);
+    if !matches!(freed, Ok(Outcome::Complete)) || deleted == 0 {
+        return first;
+    }
+    // The full disk was the first pass's only way to stop; the retry's
+    // own errors are what the job reports.
+    stats.errors.store(0, Relaxed);
+    run(src, dst, opts, Pass::Copy, &stats, &reporter, &cancel)
+}
+
+/// Which pass of a job `run` makes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// The job as asked.
+    Copy,
+    /// After a full disk under `--delete`: walk without writing, then
+    /// remove the extras for real.
+    FreeSpace,
+}
+
+fn run(
+    src: &Path,
+    dst: &Path,
+    mut opts: CopyOptions,
+    pass: Pass,
+    stats: &Arc<Stats>,
+    reporter: &Arc<dyn Reporter>,
+    cancel: &Arc<AtomicBool>,
+) -> Result<Outcome, JobError> {
+    let (stats, reporter, cancel) = (stats.clone(), reporter.clone(), cancel.clone());
+    if pass == Pass::FreeSpace {
+        opts.dry_run = true;
+    }
     sluice_sys::raise_fd_limit();
     let src_meta = std::fs::metadata(src).map_err(|source| JobError::Source {
         path: src.to_owned(),
@@ -521,6 +587,12 @@ pub fn copy(
         Access::Peek
     } else {
         Access::Write
+    };
+    let access = match access {
+        // The walk that frees space deletes for real: DST is locked.
+        Access::Peek if pass == Pass::FreeSpace => Access::Write,
+        Access::Write if opts.dst_locked => Access::WriteLocked,
+        a => a,
     };
     let access = match access {
         Access::Write if opts.dst_locked => Access::WriteLocked,
@@ -568,6 +640,10 @@ pub fn copy(
         }
         None => None,
     };
+    let halted = Arc::new(AtomicBool::new(false));
+    let throttle = opts
+        .bwlimit
+        .map(|r| Throttle::new(r, [cancel.clone(), halted.clone()]));
     let shared = Arc::new(Shared {
         // Sized for the streams that start working, not for every stream
         // -j auto could add (a longer queue only spreads a directory's
@@ -576,6 +652,7 @@ pub fn copy(
         stats,
         reporter,
         cancel,
+        halted,
         fatal: Mutex::new(None),
         links: Mutex::new(HashMap::new()),
         src_root: roots.src_path.as_os_str().as_bytes().to_vec(),
@@ -591,13 +668,14 @@ pub fn copy(
         pid: std::process::id(),
         tmp_seq: AtomicU64::new(0),
         journal,
+        deletes_for_real: pass == Pass::FreeSpace || !opts.dry_run,
         src_root_entries: AtomicU64::new(0),
         dst_root_entries: AtomicU64::new(0),
         extras: Mutex::new(Vec::new()),
         replaced: Mutex::new(Vec::new()),
         gauge: Gauge::new(jobs),
         budget,
-        throttle: opts.bwlimit.map(Throttle::new),
+        throttle,
         gate: Gate::new(if auto { opts.jobs.min(jobs) } else { jobs }, jobs),
         opts,
     });

@@ -8,28 +8,38 @@
 //! which spreads the rate smoothly. The bucket holds at most a tenth of a
 //! second's worth, so a pause is never followed by a burst above the rate.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// The longest one sleep lasts before the cancel flag is looked at again:
+/// a signal stops a throttled job within this, at any rate.
+const NAP: Duration = Duration::from_millis(100);
 
 pub struct Throttle {
     rate: f64,
     burst: f64,
     state: Mutex<(f64, Instant)>,
+    /// Any of these set ends a wait.
+    cancel: [Arc<AtomicBool>; 2],
 }
 
 impl Throttle {
-    /// A bucket for `rate` bytes per second.
-    pub fn new(rate: u64) -> Throttle {
+    /// A bucket for `rate` bytes per second; a wait ends early once
+    /// either of `cancel` is set.
+    pub fn new(rate: u64, cancel: [Arc<AtomicBool>; 2]) -> Throttle {
         let rate = rate.max(1) as f64;
         Throttle {
             rate,
             burst: rate / 10.0,
             state: Mutex::new((0.0, Instant::now())),
+            cancel,
         }
     }
 
-    /// Waits until `bytes` more may be moved.
-    pub fn take(&self, bytes: u64) {
+    /// Waits until `bytes` more may be moved, or the job is cancelled
+    /// (then returns at once, false).
+    pub fn take(&self, bytes: u64) -> bool {
         let wait = {
             let mut s = self.state.lock().expect("throttle lock");
             let now = Instant::now();
@@ -37,11 +47,24 @@ impl Throttle {
             s.0 = (s.0 + earned).min(self.burst) - bytes as f64;
             s.1 = now;
             if s.0 >= 0.0 {
-                return;
+                return !self.cancelled();
             }
             -s.0 / self.rate
         };
-        std::thread::sleep(Duration::from_secs_f64(wait));
+        let until = Instant::now() + Duration::from_secs_f64(wait);
+        loop {
+            if self.cancelled() {
+                return false;
+            }
+            let Some(left) = until.checked_duration_since(Instant::now()) else {
+                return true;
+            };
+            std::thread::sleep(left.min(NAP));
+        }
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel.iter().any(|c| c.load(Relaxed))
     }
 
     /// The largest piece a stream should move between two requests, so
@@ -58,7 +81,7 @@ mod tests {
 
     #[test]
     fn holds_the_rate_across_threads() {
-        let t = Throttle::new(20 << 20); // 20 MiB/s
+        let t = Throttle::new(20 << 20, Default::default()); // 20 MiB/s
         let start = Instant::now();
         std::thread::scope(|s| {
             for _ in 0..4 {
@@ -73,6 +96,21 @@ mod tests {
         // 10 MiB at 20 MiB/s: 0.5 s (less the first tenth of a second's
         // credit never granted: the bucket starts empty).
         assert!((0.45..0.6).contains(&secs), "{secs}");
-        assert_eq!(Throttle::new(30_000_000).piece() % 4096, 0);
+        assert_eq!(Throttle::new(30_000_000, Default::default()).piece() % 4096, 0);
+    }
+
+    #[test]
+    fn a_cancel_ends_a_long_wait_within_a_nap() {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let t = Throttle::new(1000, [cancel.clone(), Arc::default()]); // a 64 KiB debt: 65 s
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(Duration::from_millis(200));
+                cancel.store(true, Relaxed);
+            });
+            assert!(!t.take(64 << 10));
+        });
+        assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
     }
 }

@@ -254,6 +254,7 @@ pub fn watch(
         dst: dst.to_owned(),
         dst_id,
         src_id,
+        full_needed: false,
         options,
         reporter,
         cancel,
@@ -341,7 +342,11 @@ pub fn watch(
                     }
                 })
             }
-            None => w.dirty_pass(&mut dirty),
+            None => w.dirty_pass(&mut dirty).map(|()| {
+                if std::mem::take(&mut w.full_needed) {
+                    full_due = Some("a directory of DST was not a directory");
+                }
+            }),
         };
         match result {
             Ok(()) => backoff = Duration::from_millis(250),
@@ -383,6 +388,8 @@ struct Watcher<'a> {
     dst_id: (u64, u64),
     /// SRC root's device and inode when the watch started.
     src_id: (u64, u64),
+    /// A pass found DST in a shape only a full pass mends.
+    full_needed: bool,
     /// A pass's job options; `true` for a full pass.
     options: &'a dyn Fn(bool) -> CopyOptions,
     reporter: Arc<dyn WatchReporter>,
@@ -482,8 +489,18 @@ impl Watcher<'_> {
             let covered = whole.iter().any(|w| under(&rel, w));
             let d = dirty.get(&rel).expect("listed");
             if !covered {
-                if !self.job(&rel, !d.whole, &stats)? {
-                    break;
+                match self.job(&rel, !d.whole, &stats) {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    // DST/rel cannot be reached as a directory beneath DST
+                    // (a symlink or file planted there): a full pass, which
+                    // replaces it as any differing entry, takes over.
+                    Err(JobError::Destination { .. }) => {
+                        self.full_needed = true;
+                        dirty.remove(&rel);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
                 }
                 dirs += 1;
                 if d.whole {

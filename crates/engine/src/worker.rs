@@ -219,7 +219,8 @@ impl Worker {
         st: &Stat,
     ) {
         let opts = &self.shared.opts;
-        match plan::action(st, opts.chunk_size, opts.privileged) {
+        let st = &source_stat(node, *st);
+        match source_action(node, st, opts.chunk_size, opts.privileged) {
             Action::Chunked { chunks } => self.start_big(node, src_name, dst_name, st, chunks),
             Action::Skip(why) => self.skip(node, src_name, why),
             _ => self.copy_entry(node, src_name, dst_name, st),
@@ -394,7 +395,8 @@ impl Worker {
                     return true;
                 }
             };
-            let action = plan::action(&st, opts.chunk_size, opts.privileged);
+            let st = source_stat(&node, st);
+            let action = source_action(&node, &st, opts.chunk_size, opts.privileged);
             if !filter.is_empty() {
                 let rel = if filter.needs_path() {
                     opts.filter_path(node.child_rel(name))
@@ -452,5 +454,24 @@ impl Worker {
             self.run_task(Task::Files(batch));
         }
         self.scratch.stream = Some(stream);
+    }
+}
+
+/// An entry's stat as the rest of the job may take it: on a file system
+/// that reports no blocks (FUSE), a file is not taken for a sparse one.
+fn source_stat(node: &DirNode, mut st: Stat) -> Stat {
+    if node.src_kind == sluice_sys::FsKind::NoBlocks && st.blocks == 0 {
+        st.blocks = st.size.div_ceil(512);
+    }
+    st
+}
+
+/// What to do with a source entry: on a file system whose sizes are not
+/// what a read returns (`/proc`, `/sys`), a regular file is always read
+/// whole, to its end, never split at offsets its size made up.
+fn source_action(node: &DirNode, st: &Stat, chunk_size: u64, privileged: bool) -> Action {
+    match plan::action(st, chunk_size, privileged) {
+        Action::Chunked { .. } if node.src_kind == sluice_sys::FsKind::Synthetic => Action::Whole,
+        a => a,
     }
 }

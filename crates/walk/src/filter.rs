@@ -19,7 +19,7 @@ pub struct FilterError {
     pub reason: String,
 }
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Side {
     by_name: Option<GlobSet>,
     by_path: Option<GlobSet>,
@@ -28,7 +28,7 @@ struct Side {
 }
 
 /// The compiled include/exclude rules of a job.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Filter {
     exclude: Side,
     include: Side,
