@@ -284,7 +284,10 @@ fn progress_line(stats: &Stats, elapsed: Duration, walk_settled: bool) -> String
     let found = stats.entries_found.load(Relaxed);
     // Bytes as they are written (a big file's count as copied only when it
     // is committed), or as they are compared for verify.
-    let bytes = stats.bytes_copied.load(Relaxed).max(stats.data_moved.load(Relaxed)) as f64;
+    let bytes = stats
+        .bytes_copied
+        .load(Relaxed)
+        .max(stats.data_moved.load(Relaxed)) as f64;
     let bytes_found = stats.bytes_found.load(Relaxed) as f64;
     let speed = rate(bytes, elapsed);
     let eta = if !walk_settled {

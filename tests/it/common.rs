@@ -416,7 +416,10 @@ impl LoopFs {
         let mnt = self.mnt.path().to_str().unwrap();
         let img = self._img.path().join("fs.img");
         assert!(run("umount", &[mnt]), "umount {mnt}");
-        assert!(run("mount", &["-o", "loop", img.to_str().unwrap(), mnt]), "mount {mnt}");
+        assert!(
+            run("mount", &["-o", "loop", img.to_str().unwrap(), mnt]),
+            "mount {mnt}"
+        );
     }
 }
 

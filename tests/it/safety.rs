@@ -54,7 +54,10 @@ fn a_watch_pass_never_follows_a_symlink_planted_in_dst() {
     let _ = child.kill();
     let _ = child.wait();
     assert_eq!(fs::read(victim.join("precious")).unwrap(), b"only copy");
-    assert!(!victim.join("new").exists(), "a pass wrote through the link");
+    assert!(
+        !victim.join("new").exists(),
+        "a pass wrote through the link"
+    );
     assert!(!victim.join("a").exists(), "a pass wrote through the link");
 }
 
@@ -91,7 +94,11 @@ fn a_hard_link_is_never_made_through_a_directory_swapped_for_a_symlink() {
     ) else {
         return;
     };
-    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     eventually("DST/d2 created", || dst.join("d2").is_dir());
     fs::rename(dst.join("d1"), t.path().join("d1-real")).unwrap();
     std::os::unix::fs::symlink(&outside, dst.join("d1")).unwrap();
@@ -99,7 +106,11 @@ fn a_hard_link_is_never_made_through_a_directory_swapped_for_a_symlink() {
     let out_ino = fs::metadata(outside.join("a")).unwrap().ino();
     assert_eq!(fs::metadata(outside.join("a")).unwrap().nlink(), 1);
     if let Ok(m) = fs::symlink_metadata(dst.join("d2/b")) {
-        assert_ne!(m.ino(), out_ino, "DST/d2/b is a hard link to a file outside DST");
+        assert_ne!(
+            m.ino(),
+            out_ino,
+            "DST/d2/b is a hard link to a file outside DST"
+        );
     }
 }
 
@@ -115,8 +126,14 @@ fn state_files_are_never_created_through_a_symlink() {
     std::os::unix::fs::symlink(&target, dst.join(".sluice-journal.redb")).unwrap();
     let out = copy(&src, &dst, &["--chunk-size", "1M"]);
     ok(&out);
-    assert!(!target.exists(), "the journal was created through a symlink");
-    assert_eq!(fs::read(dst.join("big")).unwrap(), fs::read(src.join("big")).unwrap());
+    assert!(
+        !target.exists(),
+        "the journal was created through a symlink"
+    );
+    assert_eq!(
+        fs::read(dst.join("big")).unwrap(),
+        fs::read(src.join("big")).unwrap()
+    );
 
     let img = t.path().join("disk.img");
     fs::write(&img, bytes(1 << 20, 2)).unwrap();
@@ -124,7 +141,10 @@ fn state_files_are_never_created_through_a_symlink() {
     let map_target = t.path().join("map-created-by-sluice");
     std::os::unix::fs::symlink(&map_target, t.path().join("copy.img.sluice-map")).unwrap();
     let out = run_cmd("image", &img, &out_img, &[]);
-    assert!(!map_target.exists(), "the chunk map was created through a symlink");
+    assert!(
+        !map_target.exists(),
+        "the chunk map was created through a symlink"
+    );
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("chunk map"), "{}", stderr(&out));
 }
@@ -140,7 +160,11 @@ fn an_empty_source_root_never_empties_the_destination() {
     write(&dst.join("d/b"), b"b");
     let out = sync(&src, &dst, &["--delete", "--json"]);
     assert_eq!(code(&out), 1, "{}", stderr(&out));
-    assert!(stderr(&out).contains("--allow-empty-src"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--allow-empty-src"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(summary(&out)["deleted"], 0);
     assert!(dst.join("a").is_file() && dst.join("d/b").is_file());
     let out = sync(&src, &dst, &["--delete", "--allow-empty-src", "--json"]);
@@ -173,7 +197,10 @@ fn a_watch_pauses_when_its_source_is_no_longer_the_same_directory() {
     std::thread::sleep(Duration::from_secs(3));
     let _ = child.kill();
     let _ = child.wait();
-    assert!(dst.join("a").is_file() && dst.join("d/b").is_file(), "DST was emptied");
+    assert!(
+        dst.join("a").is_file() && dst.join("d/b").is_file(),
+        "DST was emptied"
+    );
 }
 
 /// Item 5: `--delete` never deletes into a file system mounted inside DST
@@ -189,7 +216,10 @@ fn delete_never_crosses_into_a_file_system_mounted_in_dst() {
     write(&src.join("keep"), b"k");
     fs::create_dir_all(dst.join("data/mnt")).unwrap();
     let mnt = dst.join("data/mnt");
-    assert!(run("mount", &["-t", "tmpfs", "tmpfs", mnt.to_str().unwrap()]));
+    assert!(run(
+        "mount",
+        &["-t", "tmpfs", "tmpfs", mnt.to_str().unwrap()]
+    ));
     write(&mnt.join("on-the-mount"), b"precious");
     for extra in [&[][..], &["-x"][..]] {
         let mut args = vec!["--delete", "--json"];
@@ -229,7 +259,10 @@ fn a_sparse_file_is_never_complete_looking_with_lost_data_after_a_power_loss() {
     ok(&copy(&src, &dst, &[]));
     // -f: the log is flushed first (LOGFLUSH): metadata reaches the disk,
     // data still in the page cache does not.
-    assert!(run("xfs_io", &["-x", "-c", "shutdown -f", fs_.path().to_str().unwrap()]));
+    assert!(run(
+        "xfs_io",
+        &["-x", "-c", "shutdown -f", fs_.path().to_str().unwrap()]
+    ));
     // Remount: what the log kept is what a power loss would have kept.
     fs_.remount();
     let out = sync(&src, &dst, &["--json"]);
@@ -254,9 +287,20 @@ fn files_named_like_temporaries_are_not_taken_for_leftovers() {
     ok(&copy(&src, &dst, &[]));
     let out = copy(&src, &dst, &["--json"]);
     ok(&out);
-    assert_eq!(summary(&out)["files_copied"], 0, "copied again: {}", stdout(&out));
-    assert_eq!(fs::read(dst.join(".sluice-3-4.tmp")).unwrap(), b"only in DST");
-    assert_eq!(fs::read(dst.join(".sluice-1a-2.tmp")).unwrap(), b"a user's file");
+    assert_eq!(
+        summary(&out)["files_copied"],
+        0,
+        "copied again: {}",
+        stdout(&out)
+    );
+    assert_eq!(
+        fs::read(dst.join(".sluice-3-4.tmp")).unwrap(),
+        b"only in DST"
+    );
+    assert_eq!(
+        fs::read(dst.join(".sluice-1a-2.tmp")).unwrap(),
+        b"a user's file"
+    );
 }
 
 /// Item 8: a run over DST leaves alone the subtree another run is writing
@@ -275,8 +319,15 @@ fn a_run_never_disturbs_another_run_below_it() {
     ok(&copy(&src, &dst, &[]));
     write(&big.join("slow"), &bytes(6 << 20, 6));
     // B: 6 MiB at 3 MiB/s into DST/sub, a named temporary in flight.
-    let mut b = sluice()
-        .args(["copy", "--no-progress", "--chunk-size", "1M", "--bwlimit", "3M"])
+    let b = sluice()
+        .args([
+            "copy",
+            "--no-progress",
+            "--chunk-size",
+            "1M",
+            "--bwlimit",
+            "3M",
+        ])
         .arg(&big)
         .arg(dst.join("sub"))
         .stdout(Stdio::null())
@@ -284,9 +335,12 @@ fn a_run_never_disturbs_another_run_below_it() {
         .spawn()
         .unwrap();
     eventually("B's temporary", || {
-        fs::read_dir(dst.join("sub"))
-            .unwrap()
-            .any(|e| e.unwrap().file_name().to_string_lossy().starts_with(".sluice-"))
+        fs::read_dir(dst.join("sub")).unwrap().any(|e| {
+            e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".sluice-")
+        })
     });
     let a = sync(&src, &dst, &["--json"]);
     assert_eq!(code(&a), 1, "{}", stderr(&a));
@@ -295,8 +349,16 @@ fn a_run_never_disturbs_another_run_below_it() {
     let one = copy(&src.join("top"), &dst.join("sub"), &[]);
     assert_eq!(code(&one), 2, "{}", stderr(&one));
     let b = b.wait_with_output().unwrap();
-    assert_eq!(b.status.code(), Some(0), "{}", String::from_utf8_lossy(&b.stderr));
-    assert_eq!(fs::read(dst.join("sub/slow")).unwrap(), fs::read(big.join("slow")).unwrap());
+    assert_eq!(
+        b.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&b.stderr)
+    );
+    assert_eq!(
+        fs::read(dst.join("sub/slow")).unwrap(),
+        fs::read(big.join("slow")).unwrap()
+    );
 }
 
 /// Item 9: entries created in a DST directory that has a default ACL end
@@ -313,7 +375,15 @@ fn a_default_acl_in_dst_is_not_inherited_by_what_sluice_creates() {
     fs::create_dir_all(src.join("d/sub")).unwrap();
     fs::set_permissions(src.join("d/f"), fs::Permissions::from_mode(0o644)).unwrap();
     // Set after the contents were created: they have no ACL of their own.
-    if !run("setfacl", &["-d", "-m", "u::rwx,g::---,o::---,u:nobody:rwx", src.join("d").to_str().unwrap()]) {
+    if !run(
+        "setfacl",
+        &[
+            "-d",
+            "-m",
+            "u::rwx,g::---,o::---,u:nobody:rwx",
+            src.join("d").to_str().unwrap(),
+        ],
+    ) {
         eprintln!("skipped: this file system has no ACLs");
         return;
     }
@@ -376,7 +446,11 @@ fn sync_delete_onto_a_full_disk_converges() {
 #[test]
 fn proc_and_sys_files_are_copied_as_read() {
     let t = disk_dir("proc");
-    for src in ["/proc/sys/kernel/ostype", "/sys/kernel/mm/transparent_hugepage/enabled", "/sys/class/mem/null/dev"] {
+    for src in [
+        "/proc/sys/kernel/ostype",
+        "/sys/kernel/mm/transparent_hugepage/enabled",
+        "/sys/class/mem/null/dev",
+    ] {
         let src = Path::new(src);
         if !src.is_file() {
             continue;
@@ -384,7 +458,12 @@ fn proc_and_sys_files_are_copied_as_read() {
         let dst = t.path().join(src.file_name().unwrap());
         let out = copy(src, &dst, &[]);
         ok(&out);
-        assert_eq!(fs::read(&dst).unwrap(), fs::read(src).unwrap(), "{}", src.display());
+        assert_eq!(
+            fs::read(&dst).unwrap(),
+            fs::read(src).unwrap(),
+            "{}",
+            src.display()
+        );
     }
 }
 
@@ -399,7 +478,7 @@ fn signals_stop_a_throttled_copy_within_a_second() {
     for sig in [Signal::INT, Signal::TERM, Signal::HUP] {
         let dst = t.path().join(format!("dst-{}", sig.as_raw()));
         // 10 KiB/s: one 64 KiB piece is a 6 s debt.
-        let mut child = sluice()
+        let child = sluice()
             .args(["copy", "--no-progress", "--bwlimit", "10K"])
             .arg(&src)
             .arg(&dst)
@@ -413,7 +492,10 @@ fn signals_stop_a_throttled_copy_within_a_second() {
         rustix::process::kill_process(pid, sig).unwrap();
         let out = child.wait_with_output().unwrap();
         let took = sent.elapsed();
-        assert!(took < Duration::from_millis(1500), "{sig:?}: stopped after {took:?}");
+        assert!(
+            took < Duration::from_millis(1500),
+            "{sig:?}: stopped after {took:?}"
+        );
         assert_eq!(out.status.code(), Some(130), "{sig:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("interrupted"), "{sig:?}: {err}");
@@ -432,14 +514,22 @@ fn small_things_are_said_and_counted_right() {
     write(&dst, b"a file");
     let out = copy(&src, &dst, &[]);
     assert_eq!(code(&out), 2);
-    assert!(stderr(&out).contains("is a file, not a directory"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("is a file, not a directory"),
+        "{}",
+        stderr(&out)
+    );
 
     let dst = t.path().join("dst2");
     write(&src.join("big"), &bytes(3 << 20, 8));
     write(&dst.join(".sluice-journal.redb"), b"not a database");
     let out = copy(&src, &dst, &["--chunk-size", "1M"]);
     ok(&out);
-    assert!(stderr(&out).contains("journal"), "not said: {}", stderr(&out));
+    assert!(
+        stderr(&out).contains("journal"),
+        "not said: {}",
+        stderr(&out)
+    );
     assert!(!dst.join(".sluice-journal.redb").exists());
 }
 

@@ -195,6 +195,9 @@ impl Drop for BigFile {
         // Stopped (interrupt, full disk): the temporary and its record stay
         // so the next run copies only the chunks that had not landed.
         if self.journaled && self.node.shared.stopped() && journal.is_some_and(|j| j.working()) {
+            // What landed is kept, and counts: the rerun does not copy it.
+            let stats = &self.node.shared.stats;
+            stats.bytes_copied.fetch_add(self.copied.load(Relaxed), Relaxed);
             return;
         }
         let _ = sluice_sys::unlink_at(self.node.dst(), tmp.as_cstr());
@@ -356,9 +359,8 @@ impl Worker {
             // (A dense file's size grows with its data, so a crash leaves
             // it short, which the quick check sees.)
             if st.is_sparse() && !self.shared.opts.fsync {
-                sluice_sys::sync_data(dst).map_err(|e| {
-                    node.error(dst_name, Side::Dst, "write back", Reason::Os(e))
-                })?;
+                sluice_sys::sync_data(dst)
+                    .map_err(|e| node.error(dst_name, Side::Dst, "write back", Reason::Os(e)))?;
             }
         }
         self.doing(Activity::Write);
@@ -820,15 +822,15 @@ impl Worker {
                 sluice_sys::link_at(dir, name, to.dst(), tmp.as_cstr()).map_err(Reason::Os)
             }
             LinkFrom::Beneath(root, rel, ino) => {
-                crate::target::link_beneath(root, rel, ino, to.dst(), tmp.as_cstr()).map_err(
-                    |f| match f {
+                crate::target::link_beneath(root, rel, ino, to.dst(), tmp.as_cstr()).map_err(|f| {
+                    match f {
                         crate::target::LinkFailure::Os(e) => Reason::Os(e),
                         crate::target::LinkFailure::Replaced => Reason::Other(format!(
                             "{} is no longer the file this run copied there",
                             crate::error::escape(rel)
                         )),
-                    },
-                )
+                    }
+                })
             }
         };
         linked.map_err(|r| to.error(to_name, Side::Dst, "link", r))?;
@@ -1135,9 +1137,8 @@ impl Worker {
         // before the times that make it look complete (see `copy_whole`).
         let recorded = big.journaled && journal.is_some_and(|j| j.working());
         if !recorded && !self.shared.opts.fsync {
-            sluice_sys::sync_data(big.dst.as_fd()).map_err(|e| {
-                node.error(&big.dst_name, Side::Dst, "write back", Reason::Os(e))
-            })?;
+            sluice_sys::sync_data(big.dst.as_fd())
+                .map_err(|e| node.error(&big.dst_name, Side::Dst, "write back", Reason::Os(e)))?;
         }
         self.finish_file(
             node,
@@ -1164,7 +1165,9 @@ impl Worker {
         }
         let stats = &self.shared.stats;
         stats.files_copied.fetch_add(1, Relaxed);
-        stats.bytes_copied.fetch_add(big.copied.load(Relaxed), Relaxed);
+        stats
+            .bytes_copied
+            .fetch_add(big.copied.load(Relaxed), Relaxed);
         Ok(())
     }
 }

@@ -161,15 +161,17 @@ impl Deleter<'_> {
                 Err(e) => return Err(self.fail(rel, "open directory", e)),
             };
             if crate::target::is_mount_point(fd.as_fd(), dev) {
-                self.shared.fail(self.shared.error(
-                    Side::Dst,
-                    rel,
-                    "delete",
-                    Reason::Other(
-                        "a mount point of another file system: not deleted, nor anything in it"
-                            .into(),
+                self.shared.fail(
+                    self.shared.error(
+                        Side::Dst,
+                        rel,
+                        "delete",
+                        Reason::Other(
+                            "a mount point of another file system: not deleted, nor anything in it"
+                                .into(),
+                        ),
                     ),
-                ));
+                );
                 return Ok(false);
             }
             if !self.empty(fd, dev, rel)? {

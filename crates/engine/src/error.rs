@@ -62,7 +62,10 @@ impl EntryError {
     /// Whether this is the destination running out of space (or quota).
     pub fn is_out_of_space(&self) -> bool {
         self.side == Side::Dst
-            && matches!(self.reason, Reason::Os(Errno::NOSPC) | Reason::Os(Errno::DQUOT))
+            && matches!(
+                self.reason,
+                Reason::Os(Errno::NOSPC) | Reason::Os(Errno::DQUOT)
+            )
     }
 }
 

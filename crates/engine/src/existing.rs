@@ -302,9 +302,7 @@ impl Worker {
         if lock && sh.writes() && !crate::target::enter(dst) {
             fail(
                 "enter",
-                Reason::Other(
-                    "another sluice run is writing to this directory; left alone".into(),
-                ),
+                Reason::Other("another sluice run is writing to this directory; left alone".into()),
             );
             return false;
         }

@@ -988,7 +988,9 @@ pub fn image(
         reporter: &*reporter,
         cancel: &cancel,
         gauge: Gauge::new(jobs),
-        throttle: opts.bwlimit.map(|r| Throttle::new(r, [cancel.clone(), Arc::default()])),
+        throttle: opts
+            .bwlimit
+            .map(|r| Throttle::new(r, [cancel.clone(), Arc::default()])),
         direct_dst,
         fatal: Mutex::new(None),
         records: Records::new(writes && map.is_some(), jobs),

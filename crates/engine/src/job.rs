@@ -520,7 +520,15 @@ pub fn copy(
     cancel: Arc<AtomicBool>,
 ) -> Result<Outcome, JobError> {
     let may_free = opts.delete && !opts.dry_run && opts.check.is_none();
-    let first = run(src, dst, opts.clone(), Pass::Copy, &stats, &reporter, &cancel);
+    let first = run(
+        src,
+        dst,
+        opts.clone(),
+        Pass::Copy,
+        &stats,
+        &reporter,
+        &cancel,
+    );
     let full = matches!(&first, Err(JobError::Fatal(e)) if e.is_out_of_space());
     if !may_free || !full || cancel.load(Relaxed) {
         return first;
@@ -531,7 +539,15 @@ pub fn copy(
          then copying again",
     );
     let walk = Arc::new(Stats::default());
-    let freed = run(src, dst, opts.clone(), Pass::FreeSpace, &walk, &reporter, &cancel);
+    let freed = run(
+        src,
+        dst,
+        opts.clone(),
+        Pass::FreeSpace,
+        &walk,
+        &reporter,
+        &cancel,
+    );
     let deleted = walk.deleted.load(Relaxed);
     stats.deleted.fetch_add(deleted, Relaxed);
     if !matches!(freed, Ok(Outcome::Complete)) || deleted == 0 {

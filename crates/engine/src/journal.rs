@@ -406,7 +406,10 @@ fn open_db(
 }
 
 /// Reads every record of an existing journal file.
-fn read(dir: &OwnedFd, name: &std::ffi::CStr) -> Result<(Resumable, Option<redb::Database>), String> {
+fn read(
+    dir: &OwnedFd,
+    name: &std::ffi::CStr,
+) -> Result<(Resumable, Option<redb::Database>), String> {
     let mut resumable = HashMap::new();
     let Some(db) = open_db(dir, name, false)? else {
         return Ok((resumable, None));

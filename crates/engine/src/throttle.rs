@@ -96,7 +96,10 @@ mod tests {
         // 10 MiB at 20 MiB/s: 0.5 s (less the first tenth of a second's
         // credit never granted: the bucket starts empty).
         assert!((0.45..0.6).contains(&secs), "{secs}");
-        assert_eq!(Throttle::new(30_000_000, Default::default()).piece() % 4096, 0);
+        assert_eq!(
+            Throttle::new(30_000_000, Default::default()).piece() % 4096,
+            0
+        );
     }
 
     #[test]
@@ -111,6 +114,10 @@ mod tests {
             });
             assert!(!t.take(64 << 10));
         });
-        assert!(start.elapsed() < Duration::from_secs(1), "{:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            start.elapsed()
+        );
     }
 }

@@ -179,7 +179,13 @@ impl Worker {
                 // subdirectory.
                 let lock = !self.shared.opts.sub.is_empty();
                 if node.existed
-                    && !self.scan_existing(&node.rel, node.src.as_fd(), node.dst(), &node.stat, lock)
+                    && !self.scan_existing(
+                        &node.rel,
+                        node.src.as_fd(),
+                        node.dst(),
+                        &node.stat,
+                        lock,
+                    )
                 {
                     return;
                 }
@@ -246,7 +252,9 @@ impl Worker {
                 // is not an extra, since the listing saw it).
                 let path = sh.full_path(Side::Src, &parent.child_rel(name));
                 sh.stats.skipped.fetch_add(1, Relaxed);
-                return sh.reporter().notice(&path, "directory vanished during the walk; skipped");
+                return sh
+                    .reporter()
+                    .notice(&path, "directory vanished during the walk; skipped");
             }
             Err(e) => {
                 return sh.fail(parent.error(name, Side::Src, "open directory", Reason::Os(e)))

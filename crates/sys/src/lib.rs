@@ -144,7 +144,10 @@ pub fn open_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
 /// `rel` reopens `dir` itself.
 pub fn open_dir_beneath(dir: BorrowedFd<'_>, rel: &[u8]) -> Result<OwnedFd> {
     use rustix::fs::ResolveFlags as R;
-    let parts = || rel.split(|&b| b == b'/').filter(|p| !p.is_empty() && *p != b".");
+    let parts = || {
+        rel.split(|&b| b == b'/')
+            .filter(|p| !p.is_empty() && *p != b".")
+    };
     if parts().any(|p| p == b"..") {
         return Err(Errno::INVAL);
     }
@@ -181,7 +184,8 @@ pub fn open_read_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<OwnedFd> {
     one(name)?;
     // O_NONBLOCK: a FIFO swapped in after the entry was listed must not
     // block the stream forever (it has no effect on regular files).
-    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
+    let flags =
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
     match rustix::fs::openat(dir, name, flags | OFlags::NOATIME, Mode::empty()) {
         Err(Errno::PERM) => rustix::fs::openat(dir, name, flags, Mode::empty()),
         other => other,
@@ -296,9 +300,14 @@ pub fn unlock(fd: BorrowedFd<'_>) -> Result<()> {
 /// never through a symlink (`O_NOFOLLOW`), never a FIFO or device
 /// (`O_NONBLOCK`, then `fstat` must say regular file, else `EINVAL`).
 /// `Ok(None)`: it does not exist and `create` was false.
-pub fn open_state_file(dir: BorrowedFd<'_>, name: &CStr, create: bool) -> Result<Option<std::fs::File>> {
+pub fn open_state_file(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    create: bool,
+) -> Result<Option<std::fs::File>> {
     one(name)?;
-    let mut flags = OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
+    let mut flags =
+        OFlags::RDWR | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
     if create {
         flags |= OFlags::CREATE;
     }
@@ -347,8 +356,8 @@ pub fn fs_kind(fd: BorrowedFd<'_>) -> FsKind {
     };
     #[allow(clippy::unnecessary_cast)]
     match st.f_type as i64 {
-        PROC | SYSFS | DEBUGFS | TRACEFS | SECURITYFS | CONFIGFS | CGROUP | CGROUP2
-        | EFIVARFS | PSTORE | BPF => FsKind::Synthetic,
+        PROC | SYSFS | DEBUGFS | TRACEFS | SECURITYFS | CONFIGFS | CGROUP | CGROUP2 | EFIVARFS
+        | PSTORE | BPF => FsKind::Synthetic,
         FUSE => FsKind::NoBlocks,
         _ => FsKind::Plain,
     }
@@ -792,12 +801,39 @@ mod tests {
     }
 
     #[test]
+    fn no_wrapper_resolves_more_than_one_component() {
+        let dir = std::fs::File::open("/").unwrap();
+        let d = super::fd(&dir);
+        for bad in [c"usr/bin", c"..", c"", c"/etc"] {
+            assert_eq!(
+                super::stat_at(d, bad).err(),
+                Some(super::Errno::INVAL),
+                "{bad:?}"
+            );
+            assert_eq!(
+                super::open_dir_at(d, bad).err(),
+                Some(super::Errno::INVAL),
+                "{bad:?}"
+            );
+        }
+        assert!(super::open_dir_at(d, c"usr").is_ok());
+        assert!(super::open_dir_beneath(d, b"usr/bin").is_ok());
+        assert_eq!(
+            super::open_dir_beneath(d, b"usr/../etc").err(),
+            Some(super::Errno::INVAL)
+        );
+    }
+
+    #[test]
     fn only_tagged_temporaries_of_this_directory_are_ours() {
         let dir = (8, 1, 1234);
         let tag = temp_tag(dir, 0x1a, 7);
         let name = format!(".sluice-1a-7-{tag:x}.tmp");
         assert!(is_own_temp(name.as_bytes(), dir));
-        assert!(!is_own_temp(name.as_bytes(), (8, 1, 1235)), "another directory");
+        assert!(
+            !is_own_temp(name.as_bytes(), (8, 1, 1235)),
+            "another directory"
+        );
         assert!(!is_own_temp(b".sluice-1a-7.tmp", dir), "untagged");
         let forged = format!(".sluice-1a-8-{tag:x}.tmp");
         assert!(!is_own_temp(forged.as_bytes(), dir), "tag of another name");
