@@ -87,8 +87,13 @@ def drop_caches():
     sh("sync; echo 3 > /proc/sys/vm/drop_caches")
 
 
+BEFORE = os.environ.get("SLUICE_BEFORE")  # another sluice binary, to compare builds
+
+
 def tools(shape, src, dst):
-    """(name, shell command) for each peer; each ends with sync."""
+    """(name, shell command) for each peer; each ends with sync. With
+    SLUICE_BEFORE=PATH, "sluice before" runs that binary (a build from
+    before a change) in the same rounds."""
     t = [
         ("sluice", f"{SLUICE} copy {src} {dst} --no-progress >/dev/null"),
         ("cp -a", f"cp -a {src} {dst}"),
@@ -99,6 +104,8 @@ def tools(shape, src, dst):
         ("fpsync -n 8", f"mkdir -p {dst} && fpsync -n 8 -t /tmp/fpsync-work {src}/ {dst}/ >/dev/null"),
         ("xcp -w 8", f"{XCP} -r -w 8 {src} {dst}"),
     ]
+    if BEFORE:
+        t.insert(1, ("sluice before", f"{BEFORE} copy {src} {dst} --no-progress >/dev/null"))
     if shape == "huge":
         # The classic parallel dd at offsets with O_DIRECT, 8 pieces.
         f = os.path.join(src, "huge.img")
@@ -110,7 +117,7 @@ def tools(shape, src, dst):
               f"iflag=direct oflag=direct conv=notrunc status=none'")
         t.append(("dd at offsets -P 8", dd))
     if shape == "onedir":
-        t = [x for x in t if x[0] in ("sluice", "xcp -w 8", "tar to tar")]
+        t = [x for x in t if x[0] in ("sluice", "sluice before", "xcp -w 8", "tar to tar")]
     return t
 
 

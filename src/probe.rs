@@ -72,13 +72,16 @@ struct Pick {
 
 pub fn run(args: &ProbeArgs) -> ExitCode {
     let started = Instant::now();
-    let scratch = args
-        .dst
-        .join(format!(".sluice-probe-{}", std::process::id()));
-    if let Err(e) = std::fs::create_dir_all(&scratch) {
-        eprintln!("sluice: error: cannot create {}: {e}", scratch.display());
-        return ExitCode::from(2);
-    }
+    // A fresh directory (never one planted under its name), removed from
+    // descriptors at the end: the probe writes nowhere else in DST.
+    let name = format!(".sluice-probe-{}", std::process::id());
+    let scratch = match sluice_engine::target::create_scratch(&args.dst, &name) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("sluice: error: cannot create the probe's scratch directory: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let cold = !args.warm && sluice_engine::can_drop_caches();
     if !cold && !args.warm && !args.json {
         eprintln!("sluice: not root: trials after the first read a warm page cache");
@@ -295,39 +298,9 @@ fn trial(
     })
 }
 
-/// Removes `dir` and everything in it, `threads` entries at a time.
+/// Removes `dir` and everything in it, `threads` subtrees at a time.
 fn remove_tree(dir: &Path, threads: usize) {
-    let (mut files, mut dirs) = (Vec::new(), vec![(0, dir.to_path_buf())]);
-    let mut i = 0;
-    while i < dirs.len() {
-        let (depth, d) = dirs[i].clone();
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            match e.file_type() {
-                Ok(t) if t.is_dir() => dirs.push((depth + 1, e.path())),
-                _ => files.push(e.path()),
-            }
-        }
-        i += 1;
-    }
-    let parallel = |paths: &[std::path::PathBuf], rm: fn(&Path) -> std::io::Result<()>| {
-        let per = paths.len().div_ceil(threads).max(1);
-        std::thread::scope(|s| {
-            for part in paths.chunks(per) {
-                s.spawn(move || part.iter().for_each(|p| drop(rm(p))));
-            }
-        });
-    };
-    parallel(&files, |p| std::fs::remove_file(p));
-    // Deepest first: a directory is empty once those below it are gone.
-    let deepest = dirs.iter().map(|d| d.0).max().unwrap_or(0);
-    for depth in (0..=deepest).rev() {
-        let level: Vec<_> = dirs
-            .iter()
-            .filter(|d| d.0 == depth)
-            .map(|d| d.1.clone())
-            .collect();
-        parallel(&level, |p| std::fs::remove_dir(p));
-    }
+    let _ = sluice_engine::target::remove_tree(dir, threads);
 }
 
 fn report(as_json: bool, label: &str, t: &Trial) {

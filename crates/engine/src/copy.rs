@@ -197,7 +197,9 @@ impl Drop for BigFile {
         if self.journaled && self.node.shared.stopped() && journal.is_some_and(|j| j.working()) {
             // What landed is kept, and counts: the rerun does not copy it.
             let stats = &self.node.shared.stats;
-            stats.bytes_copied.fetch_add(self.copied.load(Relaxed), Relaxed);
+            stats
+                .bytes_copied
+                .fetch_add(self.copied.load(Relaxed), Relaxed);
             return;
         }
         let _ = sluice_sys::unlink_at(self.node.dst(), tmp.as_cstr());

@@ -30,7 +30,7 @@ mod job;
 mod journal;
 pub mod plan;
 mod queue;
-mod target;
+pub mod target;
 mod throttle;
 mod tree;
 pub mod tune;

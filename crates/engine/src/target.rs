@@ -206,3 +206,77 @@ pub(crate) fn is_mount_point(dir: BorrowedFd<'_>, parent_dev: (u32, u32)) -> boo
 pub(crate) fn is_dir_at(dir: BorrowedFd<'_>, name: &CStr) -> bool {
     sluice_sys::stat_at(dir, name).is_ok_and(|st| st.file_type() == FileType::Directory)
 }
+
+/// Creates the fresh directory `name` in DST's root `dst` (made if
+/// missing), owner-only; fails if the name exists, so a directory or
+/// symlink planted under it beforehand is never used (`sluice probe`'s
+/// scratch space).
+pub fn create_scratch(dst: &Path, name: &str) -> Result<PathBuf, JobError> {
+    let (root, _) = create_root(dst)?;
+    let c = CString::new(name).map_err(|_| JobError::Usage(format!("bad name {name:?}")))?;
+    let path = dst.join(name);
+    sluice_sys::mkdir_at(root.as_fd(), &c, 0o700).map_err(|e| JobError::destination(&path, e))?;
+    Ok(path)
+}
+
+/// Removes the directory `path` and everything in it, from descriptors:
+/// never through a symlink, never into another file system, on up to
+/// `threads` threads (one subtree of `path` each at a time).
+pub fn remove_tree(path: &Path, threads: usize) -> std::io::Result<()> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .and_then(|n| CString::new(n.as_bytes()).ok())
+        .ok_or_else(|| std::io::Error::other("names no directory"))?;
+    let parent = sluice_sys::open_dir_path(parent)?;
+    let top = sluice_sys::open_dir_at(parent.as_fd(), &name)?;
+    let dev = sluice_sys::stat_fd(top.as_fd())?.dev;
+    let mut stream = sluice_walk::DirStream::default();
+    let mut names = Vec::new();
+    stream.for_each(top.as_fd(), |e| {
+        names.push(e.name.to_owned());
+        true
+    })?;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..threads.clamp(1, 64) {
+            s.spawn(|| {
+                let mut stream = sluice_walk::DirStream::default();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(n) = names.get(i) else { break };
+                    let _ = remove_entry(top.as_fd(), n, dev, &mut stream);
+                }
+            });
+        }
+    });
+    Ok(sluice_sys::rmdir_at(parent.as_fd(), &name)?)
+}
+
+/// Removes `name` in `dir`, a whole tree if it is a directory on `dev`.
+fn remove_entry(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    dev: (u32, u32),
+    stream: &mut sluice_walk::DirStream,
+) -> Result<(), Errno> {
+    if !is_dir_at(dir, name) {
+        return sluice_sys::unlink_at(dir, name);
+    }
+    let sub = sluice_sys::open_dir_at(dir, name)?;
+    if is_mount_point(sub.as_fd(), dev) {
+        return Err(Errno::XDEV);
+    }
+    let mut names = Vec::new();
+    stream.for_each(sub.as_fd(), |e| {
+        names.push(e.name.to_owned());
+        true
+    })?;
+    for n in &names {
+        let _ = remove_entry(sub.as_fd(), n, dev, stream);
+    }
+    sluice_sys::rmdir_at(dir, name)
+}
