@@ -204,7 +204,8 @@ fn a_watch_pauses_when_its_source_is_no_longer_the_same_directory() {
 }
 
 /// Item 5: `--delete` never deletes into a file system mounted inside DST
-/// (with or without `-x`); it reports the mount point.
+/// (with or without `-x`); it reports the mount point. With `-x`, nothing
+/// on another file system in DST is deleted at all (as rsync -x).
 #[test]
 fn delete_never_crosses_into_a_file_system_mounted_in_dst() {
     if !is_root() {
@@ -214,23 +215,34 @@ fn delete_never_crosses_into_a_file_system_mounted_in_dst() {
     let t = disk_dir("mnt");
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
     write(&src.join("keep"), b"k");
-    fs::create_dir_all(dst.join("data/mnt")).unwrap();
-    let mnt = dst.join("data/mnt");
-    assert!(run(
-        "mount",
-        &["-t", "tmpfs", "tmpfs", mnt.to_str().unwrap()]
-    ));
-    write(&mnt.join("on-the-mount"), b"precious");
-    for extra in [&[][..], &["-x"][..]] {
-        let mut args = vec!["--delete", "--json"];
-        args.extend_from_slice(extra);
-        let out = sync(&src, &dst, &args);
-        let kept = fs::read(mnt.join("on-the-mount"));
-        assert_eq!(code(&out), 1, "{}", stderr(&out));
-        assert!(stderr(&out).contains("mount point"), "{}", stderr(&out));
-        assert_eq!(kept.unwrap(), b"precious");
+    write(&src.join("same/x"), b"x");
+    let (mnt, same) = (dst.join("data/mnt"), dst.join("same"));
+    for m in [&mnt, &same] {
+        fs::create_dir_all(m).unwrap();
+        assert!(run("mount", &["-t", "tmpfs", "tmpfs", m.to_str().unwrap()]));
     }
-    assert!(run("umount", &[mnt.to_str().unwrap()]));
+    write(&mnt.join("on-the-mount"), b"precious");
+    write(&same.join("extra-on-a-mount"), b"kept with -x");
+    let out = sync(&src, &dst, &["--delete", "-x", "--json"]);
+    let kept = (
+        fs::read(mnt.join("on-the-mount")),
+        fs::read(same.join("extra-on-a-mount")),
+    );
+    let out2 = sync(&src, &dst, &["--delete", "--json"]);
+    let kept2 = fs::read(mnt.join("on-the-mount"));
+    for m in [&mnt, &same] {
+        let _ = run("umount", &[m.to_str().unwrap()]);
+    }
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("mount point"), "{}", stderr(&out));
+    assert_eq!(kept.0.unwrap(), b"precious");
+    assert_eq!(kept.1.unwrap(), b"kept with -x");
+    assert_eq!(code(&out2), 1, "{}", stderr(&out2));
+    assert_eq!(
+        kept2.unwrap(),
+        b"precious",
+        "deleted across the mount without -x"
+    );
 }
 
 /// Item 6: after a power loss (ext4's shutdown ioctl, log flushed, data
@@ -374,6 +386,18 @@ fn a_default_acl_in_dst_is_not_inherited_by_what_sluice_creates() {
     write(&src.join("d/f"), b"f");
     fs::create_dir_all(src.join("d/sub")).unwrap();
     fs::set_permissions(src.join("d/f"), fs::Permissions::from_mode(0o644)).unwrap();
+    let mut names = vec!["d/f", "d/sub"];
+    if is_root() {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &src.join("d/fifo"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o640),
+            0,
+        )
+        .unwrap();
+        names.push("d/fifo");
+    }
     // Set after the contents were created: they have no ACL of their own.
     if !run(
         "setfacl",
@@ -388,7 +412,7 @@ fn a_default_acl_in_dst_is_not_inherited_by_what_sluice_creates() {
         return;
     }
     ok(&copy(&src, &dst, &[]));
-    for rel in ["d/f", "d/sub"] {
+    for rel in names {
         let (s, d) = (src.join(rel), dst.join(rel));
         assert_eq!(xattr_names(&d), xattr_names(&s), "{rel}: ACLs differ");
         assert_eq!(

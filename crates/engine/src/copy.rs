@@ -737,6 +737,17 @@ impl Worker {
         if self.shared.opts.preserve_owner && !node.creates_owned_by(st) {
             sluice_sys::set_owner_at(node.dst(), tmp.as_cstr(), st).map_err(|e| err("chown", e))?;
         }
+        if node.default_acl && st.file_type() != FileType::Symlink {
+            // A FIFO or device node inherits ACLs too (SRC's own are not
+            // copied for these: they cannot be opened to read them).
+            for acl in [ACL_ACCESS, ACL_DEFAULT] {
+                sluice_sys::remove_xattr_at(node.dst(), tmp.as_cstr(), acl)
+                    .map_err(|e| err("remove inherited ACL", e))?;
+            }
+            let perm = st.perm() & self.shared.opts.perm_mask();
+            sluice_sys::set_perm_at(node.dst(), tmp.as_cstr(), perm)
+                .map_err(|e| err("chmod", e))?;
+        }
         sluice_sys::set_times_at(node.dst(), tmp.as_cstr(), st).map_err(|e| err("set times", e))
     }
 

@@ -168,6 +168,10 @@ impl Worker {
             return Err(Errno::OPNOTSUPP); // specials are cheaper to recreate
         }
         let fd = sluice_sys::open_read_at(node.dst(), dst_name)?;
+        // Swapped for something else since it was compared: copy it.
+        if sluice_sys::stat_fd(fd.as_fd())?.file_type() != FileType::RegularFile {
+            return Err(Errno::ACCESS);
+        }
         if owners {
             sluice_sys::set_owner(fd.as_fd(), st)?;
         }
@@ -313,6 +317,10 @@ impl Worker {
                 return false;
             }
         };
+        // With -x, entries of a DST directory on another file system than
+        // DST's root are never extras (as rsync -x does).
+        let other_fs =
+            sh.opts.one_file_system && sh.dst_root_dev.is_some_and(|d| d != (dst_id.0, dst_id.1));
         let mut stream = self.scratch.stream.take().unwrap_or_default();
         let mut stale = Vec::new();
         let mut extras = Vec::new();
@@ -330,7 +338,7 @@ impl Worker {
                 return true;
             }
             listed += 1;
-            let wants_extras = sh.opts.delete || sh.checking();
+            let wants_extras = (sh.opts.delete && !other_fs) || sh.checking();
             if !wants_extras {
                 return true;
             }

@@ -362,6 +362,9 @@ pub(crate) struct Shared {
     pub dst_root_fd: Option<OwnedFd>,
     /// SRC's device, for `--one-file-system`.
     pub root_dev: (u32, u32),
+    /// DST root's device: with `--one-file-system`, nothing on another
+    /// file system in DST is deleted.
+    pub dst_root_dev: Option<(u32, u32)>,
     /// SRC root's metadata.
     pub root_stat: Stat,
     /// Whether DST's root directory is the job's (a tree copy), rather than
@@ -675,6 +678,11 @@ fn run(
         dst_root: roots.dst_path.as_os_str().as_bytes().to_vec(),
         dst_root_fd,
         root_dev: src_stat.dev,
+        dst_root_dev: roots
+            .dst_fd
+            .as_ref()
+            .and_then(|fd| sluice_sys::stat_fd(fd.as_fd()).ok())
+            .map(|st| st.dev),
         root_stat: src_stat,
         owns_root: roots.single.is_none(),
         kernel_copy_ok: AtomicBool::new(opts.reflink != Reflink::Never),

@@ -24,7 +24,7 @@ pub mod extents;
 pub mod notify;
 mod xattr;
 pub use buf::{AlignedBuf, DIRECT_ALIGN};
-pub use xattr::{copy_xattrs, has_xattr, remove_xattr, xattrs_equal};
+pub use xattr::{copy_xattrs, has_xattr, remove_xattr, remove_xattr_at, xattrs_equal};
 
 /// The metadata sluice needs about one entry, read once with `statx`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -531,6 +531,19 @@ fn ids(st: &Stat) -> (rustix::fs::Uid, rustix::fs::Gid) {
     (
         rustix::fs::Uid::from_raw(st.uid),
         rustix::fs::Gid::from_raw(st.gid),
+    )
+}
+
+/// Sets permission bits of the entry `name` in `dir` (not a symlink: the
+/// kernel cannot change a link's mode, and a link is never followed here
+/// because callers pass entries they just created).
+pub fn set_perm_at(dir: BorrowedFd<'_>, name: &CStr, perm: u32) -> Result<()> {
+    one(name)?;
+    rustix::fs::chmodat(
+        dir,
+        name,
+        Mode::from_raw_mode(perm),
+        rustix::fs::AtFlags::empty(),
     )
 }
 

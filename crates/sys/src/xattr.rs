@@ -122,3 +122,18 @@ pub fn remove_xattr(fd: BorrowedFd<'_>, name: &CStr) -> Result<()> {
         other => other,
     }
 }
+
+/// Removes the extended attribute `xattr` of the entry `name` in `dir`
+/// without following it (a FIFO or device node, which cannot be opened to
+/// use [`remove_xattr`]); absent is not an error.
+pub fn remove_xattr_at(dir: BorrowedFd<'_>, name: &CStr, xattr: &CStr) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    crate::one(name)?;
+    let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
+    path.extend_from_slice(name.to_bytes());
+    let path = std::ffi::CString::new(path).map_err(|_| Errno::INVAL)?;
+    match rustix::fs::lremovexattr(path.as_c_str(), xattr) {
+        Err(Errno::NODATA) | Err(Errno::OPNOTSUPP) => Ok(()),
+        other => other,
+    }
+}
