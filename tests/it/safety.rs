@@ -390,7 +390,7 @@ fn a_default_acl_in_dst_is_not_inherited_by_what_sluice_creates() {
     if is_root() {
         rustix::fs::mknodat(
             rustix::fs::CWD,
-            &src.join("d/fifo"),
+            src.join("d/fifo"),
             rustix::fs::FileType::Fifo,
             rustix::fs::Mode::from_raw_mode(0o640),
             0,
