@@ -581,3 +581,42 @@ fn bytes_of_a_failed_file_are_not_counted() {
     assert_eq!(s["files_copied"], 0, "{s}");
     assert_eq!(s["bytes_copied"], 0, "{s}");
 }
+
+/// Item 13: a source directory that vanishes while the tree is walked is
+/// reported (the rest is copied, exit 0).
+#[test]
+fn a_directory_vanishing_mid_walk_is_reported() {
+    let t = disk_dir("vanish");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("a"), b"a");
+    write(&src.join("sub/x"), b"x");
+    // The root's first listing returns, then is held a second: sub goes.
+    let Some(mut cmd) = under_strace(
+        "getdents64",
+        "delay_exit=1000000:when=1",
+        "copy",
+        &src,
+        &dst,
+        &["-j", "1", "--json"],
+    ) else {
+        return;
+    };
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually("DST created", || dst.is_dir());
+    fs::remove_dir_all(src.join("sub")).unwrap();
+    let out = child.wait_with_output().unwrap();
+    ok(&out);
+    let notes = json_lines(&out, "notice");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n["path"].as_str().unwrap().ends_with("sub")),
+        "not reported: {}",
+        stdout(&out)
+    );
+    assert_eq!(fs::read(dst.join("a")).unwrap(), b"a");
+}

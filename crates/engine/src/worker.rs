@@ -246,16 +246,7 @@ impl Worker {
         let sh = &self.shared;
         let src = match sluice_sys::open_dir_at(parent.src.as_fd(), name) {
             Ok(fd) => fd,
-            Err(sluice_sys::Errno::NOENT) => {
-                // Vanished since it was listed: said, not an error (the
-                // tree changes while it is copied; its DST copy, if any,
-                // is not an extra, since the listing saw it).
-                let path = sh.full_path(Side::Src, &parent.child_rel(name));
-                sh.stats.skipped.fetch_add(1, Relaxed);
-                return sh
-                    .reporter()
-                    .notice(&path, "directory vanished during the walk; skipped");
-            }
+            Err(sluice_sys::Errno::NOENT) => return vanished(sh, &parent.child_rel(name)),
             Err(e) => {
                 return sh.fail(parent.error(name, Side::Src, "open directory", Reason::Os(e)))
             }
@@ -397,7 +388,12 @@ impl Worker {
             let name = entry.name;
             let st = match sluice_walk::stat_entry(node.src.as_fd(), name) {
                 Ok(st) => st,
-                Err(sluice_sys::Errno::NOENT) => return true,
+                Err(sluice_sys::Errno::NOENT) => {
+                    if entry.is_dir {
+                        vanished(&shared, &node.child_rel(name));
+                    }
+                    return true;
+                }
                 Err(e) => {
                     shared.fail(node.error(name, Side::Src, "stat", Reason::Os(e)));
                     return true;
@@ -482,4 +478,15 @@ fn source_action(node: &DirNode, st: &Stat, chunk_size: u64, privileged: bool) -
         Action::Chunked { .. } if node.src_kind == sluice_sys::FsKind::Synthetic => Action::Whole,
         a => a,
     }
+}
+
+/// A source directory listed but gone before it could be read: said, not
+/// an error (trees change while they are copied; its DST copy, if any, is
+/// not an extra, since its parent's listing saw it).
+fn vanished(shared: &Shared, rel: &[u8]) {
+    shared.stats.skipped.fetch_add(1, Relaxed);
+    let path = shared.full_path(Side::Src, rel);
+    shared
+        .reporter()
+        .notice(&path, "directory vanished during the walk; skipped");
 }

@@ -40,6 +40,8 @@ impl Default for DirStream {
 pub struct Listed<'a> {
     pub name: &'a CStr,
     pub ino: u64,
+    /// The directory entry says it is a directory (`DT_DIR`).
+    pub is_dir: bool,
 }
 
 impl DirStream {
@@ -63,6 +65,7 @@ impl DirStream {
             if !each(Listed {
                 name,
                 ino: entry.ino(),
+                is_dir: entry.file_type() == rustix::fs::FileType::Directory,
             }) {
                 break;
             }
