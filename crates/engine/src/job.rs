@@ -609,11 +609,8 @@ fn run(
     };
     let access = match access {
         // The walk that frees space deletes for real: DST is locked.
-        Access::Peek if pass == Pass::FreeSpace => Access::Write,
-        Access::Write if opts.dst_locked => Access::WriteLocked,
-        a => a,
-    };
-    let access = match access {
+        Access::Peek if pass == Pass::FreeSpace && !opts.dst_locked => Access::Write,
+        Access::Peek if pass == Pass::FreeSpace => Access::WriteLocked,
         Access::Write if opts.dst_locked => Access::WriteLocked,
         a => a,
     };
