@@ -6,7 +6,7 @@ use crate::output::{cancel_on_signals, ms, Printer};
 use crate::size::human_bytes;
 use serde_json::json;
 use sluice_engine::watch::{Pass, Totals, WatchOptions, WatchReporter};
-use sluice_engine::{EntryError, Reporter};
+use sluice_engine::{EntryError, Reporter, Side};
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -94,18 +94,22 @@ impl WatchReporter for WatchPrinter {
         );
     }
 
-    fn unavailable(&self, why: &str) {
+    fn unavailable(&self, side: Side, why: &str) {
+        let (kind, name) = match side {
+            Side::Src => ("src_unavailable", "SRC"),
+            Side::Dst => ("dst_unavailable", "DST"),
+        };
         if self.json {
-            line(json!({"type": "dst_unavailable", "reason": why}));
+            line(json!({"type": kind, "reason": why}));
         }
-        eprintln!("sluice: watch: DST unavailable: {why}");
+        eprintln!("sluice: watch: {name} unavailable: {why}");
     }
 
     fn available(&self) {
         if self.json {
             line(json!({"type": "dst_available"}));
         }
-        eprintln!("sluice: watch: DST is back; catching up");
+        eprintln!("sluice: watch: SRC and DST are back; catching up");
     }
 
     fn warning(&self, msg: &str) {

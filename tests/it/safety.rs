@@ -196,10 +196,15 @@ fn a_watch_pauses_when_its_source_is_no_longer_the_same_directory() {
     fs::write(src.join("late"), b"x").unwrap(); // an event in the new SRC
     std::thread::sleep(Duration::from_secs(3));
     let _ = child.kill();
-    let _ = child.wait();
+    let out = child.wait_with_output().unwrap();
     assert!(
         dst.join("a").is_file() && dst.join("d/b").is_file(),
         "DST was emptied"
+    );
+    assert!(
+        stdout(&out).contains("\"src_unavailable\""),
+        "the pause was not said: {}",
+        stdout(&out)
     );
 }
 

@@ -75,9 +75,11 @@ pub struct Pass {
 pub trait WatchReporter: Reporter {
     /// A pass finished.
     fn pass(&self, pass: &Pass);
-    /// DST cannot be written now; changes wait (said once per outage).
-    fn unavailable(&self, why: &str);
-    /// DST is back.
+    /// SRC or DST cannot be used now (DST unwritable, or either side no
+    /// longer the directory the watch started with); changes wait (said
+    /// once per outage).
+    fn unavailable(&self, side: crate::Side, why: &str);
+    /// Both sides are back.
     fn available(&self);
     /// Something is degraded but the watch goes on (inotify limits).
     fn warning(&self, msg: &str);
@@ -310,17 +312,28 @@ pub fn watch(
         if (full_due.is_none() && dirty.is_empty()) || !settled || now < retry_at {
             continue;
         }
-        let gone = [(&w.src, w.src_id, "SRC"), (&w.dst, w.dst_id, "DST")]
-            .into_iter()
-            .find(|(path, id, _)| !same_dir(path, *id));
+        let gone = [
+            (&w.src, w.src_id, crate::Side::Src),
+            (&w.dst, w.dst_id, crate::Side::Dst),
+        ]
+        .into_iter()
+        .find(|(path, id, _)| !same_dir(path, *id));
         if let Some((path, _, side)) = gone {
             if down_since.is_none() {
                 down_since = Some(now);
-                w.reporter.unavailable(&format!(
-                    "{side} {} is missing or is not the directory the watch started with \
-                     (unmounted?); changes wait until it is back",
-                    path.display()
-                ));
+                let name = if side == crate::Side::Src {
+                    "SRC"
+                } else {
+                    "DST"
+                };
+                w.reporter.unavailable(
+                    side,
+                    &format!(
+                        "{name} {} is missing or is not the directory the watch started \
+                         with (unmounted?); changes wait until it is back",
+                        path.display()
+                    ),
+                );
             }
             retry_at = now + backoff;
             backoff = (backoff * 2).min(wopts.retry_max);
@@ -358,7 +371,7 @@ pub fn watch(
                 // changes wait and the attempt is repeated.
                 if down_since.is_none() {
                     down_since = Some(Instant::now());
-                    w.reporter.unavailable(&e.to_string());
+                    w.reporter.unavailable(crate::Side::Dst, &e.to_string());
                 }
                 retry_at = Instant::now() + backoff;
                 backoff = (backoff * 2).min(wopts.retry_max);
