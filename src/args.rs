@@ -186,8 +186,8 @@ pub struct CopyArgs {
     /// Share data blocks with the source where the file system can (xfs, btrfs).
     #[arg(long, value_enum, default_value = "auto")]
     pub reflink: ReflinkArg,
-    /// Move at most RATE bytes of file data per second over all streams
-    /// (e.g. 100MB/s, 1G).
+    /// Move at most RATE of file data per second over all streams
+    /// (100MB/s, 1G; a bare number is KiB/s, as in rsync).
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     pub bwlimit: Option<u64>,
     /// Update changed big files by patching DST's copy in place, writing
@@ -267,7 +267,8 @@ pub struct WatchArgs {
     /// Make every file and directory durable (fsync) before it counts as done.
     #[arg(long)]
     pub fsync: bool,
-    /// Move at most RATE bytes of file data per second over all streams.
+    /// Move at most RATE of file data per second over all streams
+    /// (100MB/s, 1G; a bare number is KiB/s, as in rsync).
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     pub bwlimit: Option<u64>,
 }
@@ -322,7 +323,7 @@ pub struct ImageArgs {
     /// Count the chunks that would be written; write nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Move at most RATE bytes per second (e.g. 100MB/s).
+    /// Move at most RATE per second (100MB/s; a bare number is KiB/s).
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     pub bwlimit: Option<u64>,
     /// The most memory the job may use [default: an eighth of RAM].

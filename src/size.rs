@@ -2,14 +2,23 @@
 //!
 //! A bare letter or `iB` is binary (`64M` = 64 MiB, as in dd and rsync); a
 //! letter followed by `B` alone is decimal (`500MB` = 500,000,000). A plain
-//! number is bytes. Fractions are allowed (`1.5G`).
+//! number is bytes, except as a rate, where it is KiB/s as in rsync and
+//! rclone (`--bwlimit 10000` is 10,000 KiB/s). Fractions are allowed
+//! (`1.5G`).
 
 /// Parses a rate in bytes per second: a size, optionally with `/s`
-/// (`100MB/s`, `1G`); zero is refused.
+/// (`100MB/s`, `1G`, `500B/s`), or a bare number of KiB/s as rsync and
+/// rclone take it; zero is refused.
 pub fn parse_rate(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let t = t.strip_suffix("/s").unwrap_or(t);
-    match parse_size(t)? {
+    let bare = !t.is_empty() && t.chars().all(|c| c.is_ascii_digit() || c == '.');
+    let bytes = if bare {
+        parse_size(&format!("{t}K"))?
+    } else {
+        parse_size(t)?
+    };
+    match bytes {
         0 => Err(format!("invalid rate {s:?}: must be more than 0")),
         n => Ok(n),
     }
@@ -85,6 +94,8 @@ mod tests {
     fn rates() {
         assert_eq!(parse_rate("100MB/s").unwrap(), 100_000_000);
         assert_eq!(parse_rate("1G").unwrap(), 1 << 30);
+        assert_eq!(parse_rate("10000").unwrap(), 10_000 << 10, "a bare number is KiB/s");
+        assert_eq!(parse_rate("500B/s").unwrap(), 500);
         assert!(parse_rate("0/s").is_err());
     }
 
