@@ -88,18 +88,21 @@ pub struct Show {
     #[arg(long)]
     pub json: bool,
     /// Show a progress bar even when stderr is not a terminal.
-    #[arg(long, overrides_with = "no_progress")]
+    #[arg(short = 'P', long, overrides_with = "no_progress")]
     pub progress: bool,
     /// Never show a progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Print only errors: no progress, no summary table.
+    #[arg(short = 'q', long, conflicts_with = "progress")]
+    pub quiet: bool,
 }
 
 impl Show {
     /// Whether to draw progress on stderr.
     pub fn bar(&self) -> bool {
         use std::io::IsTerminal;
-        !self.no_progress && (self.progress || std::io::stderr().is_terminal())
+        !self.no_progress && !self.quiet && (self.progress || std::io::stderr().is_terminal())
     }
 }
 
@@ -178,7 +181,7 @@ pub struct CopyArgs {
     #[arg(long, value_enum, default_value = "xxh3")]
     pub hash: HashArg,
     /// Walk and count what would be copied; write nothing.
-    #[arg(long)]
+    #[arg(short = 'n', long)]
     pub dry_run: bool,
     /// Make every file and directory durable (fsync) before it counts as done.
     #[arg(long)]
@@ -321,7 +324,7 @@ pub struct ImageArgs {
     #[arg(long, value_name = "PATH")]
     pub map: Option<PathBuf>,
     /// Count the chunks that would be written; write nothing.
-    #[arg(long)]
+    #[arg(short = 'n', long)]
     pub dry_run: bool,
     /// Move at most RATE per second (100MB/s; a bare number is KiB/s).
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]

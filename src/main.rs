@@ -23,11 +23,43 @@ use clap::Parser;
 use output::Kind;
 use std::process::ExitCode;
 
+/// A word for flags people bring from rsync and cp that sluice does not
+/// take, because what they ask for is what it always does, or lives in
+/// another command.
+fn habit_hint(e: &clap::Error) -> Option<&'static str> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if e.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let arg = arg.split('=').next().unwrap_or(arg);
+    match arg {
+        "--delete" | "--max-delete" | "--allow-empty-src" => Some(
+            "--delete is a `sluice sync` option: `sluice sync SRC DST --delete` copies \
+             what changed and removes what SRC no longer has",
+        ),
+        "--archive" | "--recursive" | "-r" | "-R" => Some(
+            "sluice always copies recursively with all metadata (what rsync -a and cp -a \
+             ask for); drop the flag",
+        ),
+        a if a.starts_with("-a") && !a.starts_with("--") => Some(
+            "sluice always copies recursively with all metadata (what rsync -a and cp -a \
+             ask for); drop the flag",
+        ),
+        _ => None,
+    }
+}
+
 fn main() -> ExitCode {
     let cli = match args::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
+            if let Some(hint) = habit_hint(&e) {
+                eprintln!("\nnote: {hint}");
+            }
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };

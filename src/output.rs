@@ -168,10 +168,12 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
     }
     if args.show.json {
         println!("{}", summary_json(&summary, outcome, kind));
-    } else if !matches!(
-        result,
-        Err(JobError::Usage(_) | JobError::Source { .. } | JobError::Destination { .. })
-    ) {
+    } else if !args.show.quiet
+        && !matches!(
+            result,
+            Err(JobError::Usage(_) | JobError::Source { .. } | JobError::Destination { .. })
+        )
+    {
         print!("{}", summary_table(&summary, kind));
     }
     ExitCode::from(code)

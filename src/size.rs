@@ -94,7 +94,11 @@ mod tests {
     fn rates() {
         assert_eq!(parse_rate("100MB/s").unwrap(), 100_000_000);
         assert_eq!(parse_rate("1G").unwrap(), 1 << 30);
-        assert_eq!(parse_rate("10000").unwrap(), 10_000 << 10, "a bare number is KiB/s");
+        assert_eq!(
+            parse_rate("10000").unwrap(),
+            10_000 << 10,
+            "a bare number is KiB/s"
+        );
         assert_eq!(parse_rate("500B/s").unwrap(), 500);
         assert!(parse_rate("0/s").is_err());
     }

@@ -2,6 +2,7 @@
 //! systems (the disk under the target dir, tmpfs, and loop-mounted
 //! ext4/xfs/btrfs when root) and compares the resulting bytes and metadata.
 
+mod cli;
 mod common;
 mod copy;
 mod faults;

@@ -1,0 +1,31 @@
+//! Habits people bring from rsync and cp: short flags, and a word where a
+//! flag does not apply.
+
+use crate::common::*;
+
+#[test]
+fn short_flags_and_habit_hints() {
+    let t = disk_dir("cli");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("a"), b"a");
+    // -n is --dry-run: nothing written.
+    let out = copy(&src, &dst, &["-n", "--json"]);
+    ok(&out);
+    assert_eq!(summary(&out)["files_copied"], 1);
+    assert!(!dst.exists());
+    // -q: no summary table, nothing on stdout.
+    let out = copy(&src, &dst, &["-q"]);
+    ok(&out);
+    assert!(stdout(&out).is_empty(), "{}", stdout(&out));
+    assert_eq!(std::fs::read(dst.join("a")).unwrap(), b"a");
+    for (flag, says) in [
+        ("-a", "always copies recursively"),
+        ("-av", "always copies recursively"),
+        ("-r", "always copies recursively"),
+        ("--delete", "`sluice sync` option"),
+    ] {
+        let out = copy(&src, &dst, &[flag]);
+        assert_eq!(code(&out), 2, "{flag}");
+        assert!(stderr(&out).contains(says), "{flag}: {}", stderr(&out));
+    }
+}
