@@ -29,3 +29,17 @@ fn short_flags_and_habit_hints() {
         assert!(stderr(&out).contains(says), "{flag}: {}", stderr(&out));
     }
 }
+
+/// `copy FILE dir/` with `dir` missing makes the directory and puts FILE in
+/// it, as the slash says.
+#[test]
+fn a_file_copied_to_a_path_ending_in_a_slash_lands_in_that_directory() {
+    let t = disk_dir("slash");
+    let f = t.path().join("f");
+    write(&f, b"data");
+    let dir = t.path().join("newdir");
+    let out = copy(&f, std::path::Path::new(&format!("{}/", dir.display())), &[]);
+    ok(&out);
+    assert!(dir.is_dir());
+    assert_eq!(std::fs::read(dir.join("f")).unwrap(), b"data");
+}

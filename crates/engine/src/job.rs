@@ -939,7 +939,10 @@ impl Roots {
         let src_name = real
             .file_name()
             .ok_or_else(|| JobError::Usage(format!("{} is not a file", src.display())))?;
-        let (dst_dir, dst_name) = if dst.is_dir() {
+        // `copy FILE dir/`: a trailing slash names a directory, made if
+        // missing (never a file called `dir`).
+        let names_dir = dst.as_os_str().as_bytes().ends_with(b"/");
+        let (dst_dir, dst_name) = if dst.is_dir() || names_dir {
             (
                 dst.to_owned(),
                 src.file_name().unwrap_or(src_name).to_owned(),
