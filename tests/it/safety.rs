@@ -595,10 +595,10 @@ fn a_directory_vanishing_mid_walk_is_reported() {
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
     write(&src.join("a"), b"a");
     write(&src.join("sub/x"), b"x");
-    // The root's first listing returns, then is held a second: sub goes.
+    // The root's first listing returns, then is held 3 s: sub goes.
     let Some(mut cmd) = under_strace(
         "getdents64",
-        "delay_exit=1000000:when=1",
+        "delay_exit=3000000:when=1",
         "copy",
         &src,
         &dst,
