@@ -35,6 +35,13 @@ pub enum Command {
     Probe(ProbeArgs),
     /// Remote end for network copies (not implemented yet).
     Serve(Rest),
+    /// Print a shell completion script (bash, zsh, fish, elvish,
+    /// powershell) on stdout, e.g.
+    /// `sluice completions bash > /etc/bash_completion.d/sluice`.
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff) on stdout, e.g.
+    /// `sluice man > /usr/local/share/man/man1/sluice.1`.
+    Man,
 }
 
 impl Command {
@@ -47,6 +54,8 @@ impl Command {
             Command::Watch(_) => "watch",
             Command::Probe(_) => "probe",
             Command::Serve(_) => "serve",
+            Command::Completions { .. } => "completions",
+            Command::Man => "man",
         }
     }
 }

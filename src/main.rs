@@ -52,6 +52,20 @@ fn habit_hint(e: &clap::Error) -> Option<&'static str> {
     }
 }
 
+/// Writes generated text to stdout; a reader that stops early (`| head`)
+/// is not an error.
+fn print_out(text: &[u8]) -> ExitCode {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sluice: error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = match args::Cli::try_parse() {
         Ok(cli) => cli,
@@ -82,6 +96,23 @@ fn main() -> ExitCode {
         args::Command::Verify(c) => {
             let opts = c.options();
             output::run_job(&c.job, Kind::Verify, opts)
+        }
+        args::Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut args::Cli::command(), "sluice", &mut out);
+            print_out(&out)
+        }
+        args::Command::Man => {
+            use clap::CommandFactory;
+            let mut out = Vec::new();
+            match clap_mangen::Man::new(args::Cli::command()).render(&mut out) {
+                Ok(()) => print_out(&out),
+                Err(e) => {
+                    eprintln!("sluice: error: {e}");
+                    ExitCode::from(2)
+                }
+            }
         }
         other => {
             eprintln!(

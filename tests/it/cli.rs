@@ -38,8 +38,30 @@ fn a_file_copied_to_a_path_ending_in_a_slash_lands_in_that_directory() {
     let f = t.path().join("f");
     write(&f, b"data");
     let dir = t.path().join("newdir");
-    let out = copy(&f, std::path::Path::new(&format!("{}/", dir.display())), &[]);
+    let out = copy(
+        &f,
+        std::path::Path::new(&format!("{}/", dir.display())),
+        &[],
+    );
     ok(&out);
     assert!(dir.is_dir());
     assert_eq!(std::fs::read(dir.join("f")).unwrap(), b"data");
+}
+
+/// Completions for the shells people use, and a man page.
+#[test]
+fn completions_and_man_page() {
+    for (shell, has) in [
+        ("bash", "_sluice"),
+        ("zsh", "#compdef sluice"),
+        ("fish", "complete -c sluice"),
+    ] {
+        let out = sluice().args(["completions", shell]).output().unwrap();
+        ok(&out);
+        assert!(stdout(&out).contains(has), "{shell}");
+        assert!(stdout(&out).contains("bwlimit"), "{shell}: options missing");
+    }
+    let out = sluice().arg("man").output().unwrap();
+    ok(&out);
+    assert!(stdout(&out).contains(".TH sluice 1"), "{}", stdout(&out));
 }
