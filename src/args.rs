@@ -102,6 +102,11 @@ pub struct Show {
     /// Never show a progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// A line per entry created, updated, linked or deleted, with why
+    /// (new, size, mtime, content, mode, owner, xattrs...); with --dry-run,
+    /// what would be; with --json, `{"type":"entry",...}` objects.
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
     /// Print only errors: no progress, no summary table.
     #[arg(short = 'q', long, conflicts_with = "progress")]
     pub quiet: bool,
@@ -409,6 +414,7 @@ impl JobArgs {
             filter,
             one_file_system: self.one_file_system,
             direct: !self.no_direct,
+            verbose: self.show.verbose,
             mem_limit: self.mem_limit.unwrap_or(defaults.mem_limit),
             ..defaults
         })

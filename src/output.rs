@@ -19,6 +19,10 @@ use std::time::{Duration, Instant};
 /// `--json` an object on stdout.
 pub struct Printer {
     json: bool,
+    /// `-v`: a line per entry created, updated, linked or deleted.
+    verbose: bool,
+    /// A dry run: those lines say "would".
+    dry_run: bool,
     bar: Mutex<Option<ProgressBar>>,
 }
 
@@ -58,6 +62,18 @@ impl Reporter for Printer {
         if self.json {
             let line = json!({"type": "deleted", "path": escape(path)});
             let _ = writeln!(std::io::stdout().lock(), "{line}");
+        } else if self.verbose {
+            self.entry_line("delete", path, &[]);
+        }
+    }
+
+    fn entry_changed(&self, path: &[u8], action: &str, why: &[&'static str]) {
+        if self.json {
+            let line = json!({"type": "entry", "action": action, "path": escape(path),
+                              "why": why, "dry_run": self.dry_run});
+            let _ = writeln!(std::io::stdout().lock(), "{line}");
+        } else {
+            self.entry_line(action, path, why);
         }
     }
 
@@ -72,10 +88,37 @@ impl Reporter for Printer {
 
 impl Printer {
     pub fn new(json: bool) -> Arc<Printer> {
+        Printer::with(json, false, false)
+    }
+
+    /// A printer that, with `verbose`, lists every entry it is told of
+    /// (worded "would ..." for a dry run).
+    pub fn with(json: bool, verbose: bool, dry_run: bool) -> Arc<Printer> {
         Arc::new(Printer {
             json,
+            verbose,
+            dry_run,
             bar: Mutex::new(None),
         })
+    }
+
+    /// `copy   /dst/a/b (new)`, or `would copy ...` in a dry run, on
+    /// stdout, around the progress bar.
+    fn entry_line(&self, action: &str, path: &[u8], why: &[&'static str]) {
+        let would = if self.dry_run { "would " } else { "" };
+        let why = if why.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", why.join(", "))
+        };
+        let line = format!("{would}{action} {}{why}", escape(path));
+        let print = || {
+            let _ = writeln!(std::io::stdout().lock(), "{line}");
+        };
+        match &*self.bar.lock().expect("bar lock") {
+            Some(bar) => bar.suspend(print),
+            None => print(),
+        }
     }
 
     /// A line on stderr that does not tear the progress bar.
@@ -115,7 +158,8 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
     }
     let cancel = cancel_on_signals();
     let stats = Arc::new(Stats::default());
-    let printer = Printer::new(args.show.json);
+    let dry_run = matches!(kind, Kind::Copy { dry_run: true });
+    let printer = Printer::with(args.show.json, args.show.verbose, dry_run);
     let start = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
     let ticker = args.show.bar().then(|| {

@@ -22,6 +22,7 @@ impl Reporter for Quiet {
     fn entry_deleted(&self, _: &[u8]) {}
     fn entry_differs(&self, _: &[u8], _: &str) {}
     fn notice(&self, _: &[u8], _: &str) {}
+    fn entry_changed(&self, _: &[u8], _: &str, _: &[&'static str]) {}
 }
 
 const STREAMS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];

@@ -34,6 +34,9 @@ impl Reporter for WatchPrinter {
     fn notice(&self, path: &[u8], what: &str) {
         self.entries.notice(path, what)
     }
+    fn entry_changed(&self, path: &[u8], action: &str, why: &[&'static str]) {
+        self.entries.entry_changed(path, action, why)
+    }
 }
 
 /// The value at quantile `q` of sorted `v`.

@@ -65,3 +65,39 @@ fn completions_and_man_page() {
     ok(&out);
     assert!(stdout(&out).contains(".TH sluice 1"), "{}", stdout(&out));
 }
+
+/// `-v` lists what happened to each entry and why; with `-n`, what would
+/// happen, and nothing does; with `--json`, the same as objects.
+#[test]
+fn verbose_lists_each_entry_with_its_reason() {
+    let t = disk_dir("verbose");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("a"), b"a");
+    write(&src.join("d/b"), b"b");
+    let out = copy(&src, &dst, &["-v"]);
+    ok(&out);
+    let o = stdout(&out);
+    for want in ["copy ", "/a (new)", "/d/ (new)", "/d/b (new)"] {
+        assert!(o.contains(want), "{want:?} missing:\n{o}");
+    }
+    write(&src.join("a"), b"longer");
+    write(&dst.join("extra"), b"x");
+    let before = ctimes(&dst);
+    let out = sync(&src, &dst, &["-v", "-n", "--delete"]);
+    ok(&out);
+    let o = stdout(&out);
+    assert!(
+        o.contains("would update ") && o.contains("/a (size, mtime)"),
+        "{o}"
+    );
+    assert!(o.contains("would delete ") && o.contains("/extra"), "{o}");
+    assert!(!o.contains("/d/b"), "an unchanged entry was listed:\n{o}");
+    assert_eq!(ctimes(&dst), before, "a dry run changed DST");
+    let out = sync(&src, &dst, &["-v", "--delete", "--json"]);
+    ok(&out);
+    let entries = json_lines(&out, "entry");
+    assert_eq!(entries.len(), 1, "{}", stdout(&out));
+    assert_eq!(entries[0]["action"], "update");
+    assert_eq!(entries[0]["why"], serde_json::json!(["size", "mtime"]));
+    assert_eq!(json_lines(&out, "deleted").len(), 1);
+}

@@ -53,6 +53,35 @@ pub fn verdict(src: &Stat, dst: &Stat, perm_mask: u32, owners: bool) -> Verdict 
     }
 }
 
+/// Why a source entry differs from the DST entry of its name, in the
+/// words `-v` prints (rsync's `--itemize-changes` in plain English): the
+/// kind, size, mtime, device number, mode and (when preserved) owner that
+/// differ. Content, extended attributes and link identity are judged by
+/// the caller, which adds its own word.
+pub fn differences(src: &Stat, dst: &Stat, perm_mask: u32, owners: bool) -> Vec<&'static str> {
+    let kind = src.file_type();
+    if dst.file_type() != kind {
+        return vec!["type"];
+    }
+    let mut why = Vec::new();
+    if matches!(kind, FileType::RegularFile | FileType::Symlink) && src.size != dst.size {
+        why.push("size");
+    }
+    if kind != FileType::Directory && src.mtime != dst.mtime {
+        why.push("mtime");
+    }
+    if matches!(kind, FileType::CharacterDevice | FileType::BlockDevice) && src.rdev != dst.rdev {
+        why.push("device");
+    }
+    if kind != FileType::Symlink && src.perm() & perm_mask != dst.perm() & perm_mask {
+        why.push("mode");
+    }
+    if owners && (src.uid, src.gid) != (dst.uid, dst.gid) {
+        why.push("owner");
+    }
+    why
+}
+
 /// Whether mode and (when preserved) owner already match. A symlink's mode
 /// cannot be changed and does not matter, so only its owner counts.
 pub fn meta_same(src: &Stat, dst: &Stat, perm_mask: u32, owners: bool) -> bool {
@@ -73,6 +102,16 @@ pub fn dir_times_differ(src: &Stat, dst: &Stat) -> bool {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn differences_name_what_differs() {
+        let a = file(0o100644, 10, (5, 0));
+        assert!(differences(&a, &a, 0o7777, true).is_empty());
+        let b = file(0o100600, 11, (5, 1));
+        assert_eq!(differences(&a, &b, 0o7777, true), ["size", "mtime", "mode"]);
+        let d = file(0o040755, 10, (5, 0));
+        assert_eq!(differences(&a, &d, 0o7777, true), ["type"]);
+    }
 
     fn file(mode: u32, size: u64, mtime: (i64, u32)) -> Stat {
         Stat {

@@ -170,6 +170,8 @@ pub(crate) struct BigFile {
     next: AtomicU64,
     done: AtomicU64,
     failed: Mutex<Option<EntryError>>,
+    /// Why it is copied (`-v`), said when it is committed.
+    why: Vec<&'static str>,
     /// Bytes this run wrote into it: counted as copied once it is committed
     /// (a file that then fails copied nothing).
     copied: AtomicU64,
@@ -248,6 +250,10 @@ impl Worker {
         if node.existed && self.up_to_date(node, src_name, dst_name, st) {
             return;
         }
+        if !node.existed && self.shared.opts.verbose {
+            self.why.clear();
+            self.why.push("new");
+        }
         let stats = &self.shared.stats;
         let res = match st.file_type() {
             FileType::RegularFile if self.shared.opts.dry_run => {
@@ -279,8 +285,22 @@ impl Worker {
             FileType::Symlink => self.copy_symlink(node, src_name, dst_name, st),
             _ => self.copy_special(node, dst_name, st),
         };
-        if let Err(err) = res {
-            self.shared.fail(err);
+        match res {
+            Ok(()) => self.report_changed(node, dst_name),
+            Err(err) => self.shared.fail(err),
+        }
+    }
+
+    /// `-v`: says that `dst_name` was copied (or updated), and why.
+    fn report_changed(&self, node: &DirNode, dst_name: &CStr) {
+        if self.shared.opts.verbose {
+            let action = if self.why == ["new"] {
+                "copy"
+            } else {
+                "update"
+            };
+            self.shared
+                .changed(&node.child_rel(dst_name), action, &self.why);
         }
     }
 
@@ -851,6 +871,8 @@ impl Worker {
             .commit(to_name)
             .map_err(|e| to.error(to_name, Side::Dst, "rename into place", Reason::Os(e)))?;
         self.shared.stats.hardlinks.fetch_add(1, Relaxed);
+        self.shared
+            .changed(&to.child_rel(to_name), "link", &["hard link"]);
         Ok(())
     }
 
@@ -990,6 +1012,15 @@ impl Worker {
             done: AtomicU64::new(0),
             failed: Mutex::new(None),
             copied: AtomicU64::new(if cloned { st.size } else { 0 }),
+            why: if self.shared.opts.verbose {
+                if node.existed {
+                    self.why.clone()
+                } else {
+                    vec!["new"]
+                }
+            } else {
+                Vec::new()
+            },
             journaled,
             attempt,
             committed: AtomicBool::new(false),
@@ -1181,6 +1212,8 @@ impl Worker {
         stats
             .bytes_copied
             .fetch_add(big.copied.load(Relaxed), Relaxed);
+        let action = if big.why == ["new"] { "copy" } else { "update" };
+        self.shared.changed(&big.rel, action, &big.why);
         Ok(())
     }
 }

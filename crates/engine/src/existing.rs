@@ -83,17 +83,25 @@ impl Worker {
         st: &Stat,
     ) -> bool {
         let sh = self.shared.clone();
+        self.why.clear();
         let dst = match sluice_sys::stat_at(node.dst(), dst_name) {
             Ok(d) => d,
-            Err(Errno::NOENT) => return false,
+            Err(Errno::NOENT) => {
+                self.why.push("new");
+                return false;
+            }
             Err(e) => {
                 sh.fail(node.error(dst_name, Side::Dst, "stat", Reason::Os(e)));
                 return true;
             }
         };
         let owners = sh.opts.preserve_owner;
+        let differences = || compare::differences(st, &dst, sh.opts.perm_mask(), owners);
         match compare::verdict(st, &dst, sh.opts.perm_mask(), owners) {
-            Verdict::Replace => return false,
+            Verdict::Replace => {
+                self.why = differences();
+                return false;
+            }
             Verdict::DirInTheWay if sh.opts.delete => {
                 // The tree goes with the other extras after a clean walk;
                 // the entry is copied after that (a dry run counts it now).
@@ -127,27 +135,38 @@ impl Worker {
             }
             Verdict::Same | Verdict::FixMeta => {}
         }
-        let same = match st.file_type() {
+        let differs = match st.file_type() {
             FileType::RegularFile => {
-                (!sh.opts.checksum || self.same_content(node, src_name, dst_name))
-                    && self.links_intact(node, dst_name, st, &dst)
-                    && (st.ctime < dst.ctime || self.same_xattrs(node, src_name, dst_name))
+                if sh.opts.checksum && !self.same_content(node, src_name, dst_name) {
+                    Some("content")
+                } else if !self.links_intact(node, dst_name, st, &dst) {
+                    Some("hard links")
+                } else if st.ctime >= dst.ctime && !self.same_xattrs(node, src_name, dst_name) {
+                    Some("xattrs")
+                } else {
+                    None
+                }
             }
-            FileType::Symlink => self.same_target(node, src_name, dst_name),
-            _ => true,
+            FileType::Symlink => (!self.same_target(node, src_name, dst_name)).then_some("target"),
+            _ => None,
         };
-        if !same {
+        if let Some(why) = differs {
+            self.why.push(why);
             return false;
         }
-        if !compare::meta_same(st, &dst, sh.opts.perm_mask(), owners) && !sh.opts.dry_run {
-            if let Err(e) = self.fix_meta(node, dst_name, st) {
-                // Not fixable in place (say, a file DST cannot open): copy it.
-                if e == Errno::ACCESS || st.file_type() != FileType::RegularFile {
-                    return false;
+        if !compare::meta_same(st, &dst, sh.opts.perm_mask(), owners) {
+            if !sh.opts.dry_run {
+                if let Err(e) = self.fix_meta(node, dst_name, st) {
+                    // Not fixable in place (say, a file DST cannot open): copy it.
+                    if e == Errno::ACCESS || st.file_type() != FileType::RegularFile {
+                        self.why = differences();
+                        return false;
+                    }
+                    sh.fail(node.error(dst_name, Side::Dst, "set metadata", Reason::Os(e)));
+                    return true;
                 }
-                sh.fail(node.error(dst_name, Side::Dst, "set metadata", Reason::Os(e)));
-                return true;
             }
+            sh.changed(&node.child_rel(dst_name), "update metadata", &differences());
         }
         sh.stats.unchanged.fetch_add(1, Relaxed);
         true

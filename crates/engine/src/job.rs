@@ -100,6 +100,9 @@ pub struct CopyOptions {
     /// (`--allow-empty-src`): without it, an empty SRC root (an unmounted
     /// share, an expired automount) never empties DST.
     pub allow_empty_src: bool,
+    /// Report every entry created, updated or linked, with why
+    /// (`Reporter::entry_changed`; `-v`). Off, nothing is gathered.
+    pub verbose: bool,
     /// The caller already holds DST's one-writer lock (`sluice watch`
     /// holds it across passes), so the job does not take it.
     pub dst_locked: bool,
@@ -164,6 +167,7 @@ impl Default for CopyOptions {
             sub: Vec::new(),
             allow_empty_src: false,
             dst_locked: false,
+            verbose: false,
         }
     }
 }
@@ -324,6 +328,11 @@ pub trait Reporter: Send + Sync {
     /// `verify` found an entry different; `path` is its full source path
     /// (its DST path for an entry only DST has).
     fn entry_differs(&self, path: &[u8], what: &str);
+    /// With `verbose`: an entry of DST was created (`why` is `["new"]`),
+    /// replaced, fixed in place or linked (`action`: `copy`, `update`,
+    /// `update metadata`, `link`) — or in a dry run, would be. `path` is
+    /// its full DST path; a directory's ends in `/`.
+    fn entry_changed(&self, path: &[u8], action: &str, why: &[&'static str]);
     /// Something the user should know that is not an entry's failure: a
     /// leftover temporary removed, an unreadable journal discarded, a
     /// source directory that vanished while the tree was walked. `path` is
@@ -413,6 +422,15 @@ impl Shared {
     /// Whether this job compares rather than copies.
     pub fn checking(&self) -> bool {
         self.opts.check.is_some()
+    }
+
+    /// With `-v`, tells the reporter that the entry at `rel` (relative to
+    /// DST's root) was created, updated or linked, and why.
+    pub fn changed(&self, rel: &[u8], action: &str, why: &[&'static str]) {
+        if self.opts.verbose {
+            self.reporter
+                .entry_changed(&self.full_path(Side::Dst, rel), action, why);
+        }
     }
 
     /// Records a difference `verify` found at `rel`.

@@ -429,6 +429,9 @@ impl Reporter for Forward {
     fn notice(&self, path: &[u8], what: &str) {
         self.0.notice(path, what)
     }
+    fn entry_changed(&self, path: &[u8], action: &str, why: &[&'static str]) {
+        self.0.entry_changed(path, action, why)
+    }
 }
 
 impl Watcher<'_> {

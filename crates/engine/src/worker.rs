@@ -107,6 +107,9 @@ impl Scratch {
 pub(crate) struct Worker {
     pub shared: Arc<Shared>,
     pub scratch: Scratch,
+    /// Why the entry being copied differs from DST's (`-v`): set by
+    /// `up_to_date`, `["new"]` where DST has nothing.
+    pub why: Vec<&'static str>,
     /// This stream's index, for the gauge.
     id: usize,
 }
@@ -117,6 +120,7 @@ impl Worker {
         Worker {
             shared,
             id,
+            why: Vec::new(),
             scratch: Scratch {
                 buf: None,
                 xattr_names: Vec::new(),
@@ -307,6 +311,11 @@ impl Worker {
         }
         if !existed || self.shared.checking() {
             self.shared.stats.dirs_created.fetch_add(1, Relaxed);
+        }
+        if !existed && !self.shared.checking() {
+            let mut rel = parent.child_rel(name);
+            rel.push(b'/');
+            self.shared.changed(&rel, "copy", &["new"]);
         }
         let descend = (!self.shared.opts.one_file_system || st.dev == self.shared.root_dev)
             && (descend_existing || !existed);
