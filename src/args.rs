@@ -142,6 +142,13 @@ pub struct JobArgs {
     /// Never skip entries matching GLOB, even if an --exclude matches.
     #[arg(long, value_name = "GLOB")]
     pub include: Vec<String>,
+    /// Read --exclude patterns from FILE, one per line (blank lines and
+    /// lines starting with # or ; are skipped; `-` is stdin).
+    #[arg(long, value_name = "FILE")]
+    pub exclude_from: Vec<PathBuf>,
+    /// Read --include patterns from FILE, as --exclude-from does.
+    #[arg(long, value_name = "FILE")]
+    pub include_from: Vec<PathBuf>,
     /// Do not descend into directories on other file systems.
     #[arg(short = 'x', long)]
     pub one_file_system: bool,
@@ -185,8 +192,28 @@ pub struct CopyArgs {
     #[command(flatten)]
     pub job: JobArgs,
     /// Compare files whose size and mtime match by content too (reads both sides).
-    #[arg(long)]
+    #[arg(short = 'c', long)]
     pub checksum: bool,
+    /// Take files of the same size as up to date, whatever their mtimes.
+    #[arg(long, conflicts_with = "checksum")]
+    pub size_only: bool,
+    /// Leave alone files that are newer in DST than in SRC.
+    #[arg(short = 'u', long)]
+    pub update: bool,
+    /// Leave alone every entry DST already has; copy only what it lacks.
+    #[arg(long)]
+    pub ignore_existing: bool,
+    /// Do not preserve owner and group (new entries belong to the user
+    /// running sluice; the default when not root).
+    #[arg(long)]
+    pub no_owner: bool,
+    /// Do not copy extended attributes (nor POSIX ACLs, which are stored
+    /// as extended attributes): for targets that cannot hold them.
+    #[arg(long)]
+    pub no_xattrs: bool,
+    /// Do not copy POSIX ACLs; other extended attributes are copied.
+    #[arg(long)]
+    pub no_acls: bool,
     /// Read back every file written and compare it with its source before
     /// it gets its final name.
     #[arg(long)]
@@ -383,6 +410,27 @@ pub struct VerifyArgs {
     pub metadata: bool,
 }
 
+/// `given` followed by the patterns in each of `files` (one per line; blank
+/// lines and `#` or `;` comments skipped, as rsync reads them).
+fn with_patterns_from(given: &[String], files: &[PathBuf]) -> Result<Vec<String>, String> {
+    let mut all = given.to_vec();
+    for f in files {
+        let text = if f.as_os_str() == "-" {
+            std::io::read_to_string(std::io::stdin())
+        } else {
+            std::fs::read_to_string(f)
+        }
+        .map_err(|e| format!("cannot read patterns from {}: {e}", f.display()))?;
+        all.extend(
+            text.lines()
+                .map(|l| l.trim_end_matches('\r'))
+                .filter(|l| !l.trim().is_empty() && !l.starts_with('#') && !l.starts_with(';'))
+                .map(str::to_owned),
+        );
+    }
+    Ok(all)
+}
+
 impl JobArgs {
     /// The engine's options for these arguments.
     pub fn options(&self) -> Result<CopyOptions, String> {
@@ -394,7 +442,9 @@ impl JobArgs {
         if self.jobs == Some(Jobs::Fixed(0)) {
             return Err("--jobs must be at least 1".into());
         }
-        let filter = Filter::new(&self.exclude, &self.include).map_err(|e| e.to_string())?;
+        let exclude = with_patterns_from(&self.exclude, &self.exclude_from)?;
+        let include = with_patterns_from(&self.include, &self.include_from)?;
+        let filter = Filter::new(&exclude, &include).map_err(|e| e.to_string())?;
         let defaults = CopyOptions::default();
         let auto = matches!(self.jobs, None | Some(Jobs::Auto));
         let saved = self.saved_probe();
@@ -444,6 +494,15 @@ impl CopyArgs {
             },
             fsync: self.fsync,
             checksum: self.checksum,
+            size_only: self.size_only,
+            update: self.update,
+            ignore_existing: self.ignore_existing,
+            preserve_owner: !self.no_owner && sluice_engine::CopyOptions::default().preserve_owner,
+            xattrs: match (self.no_xattrs, self.no_acls) {
+                (true, _) => None,
+                (false, true) => Some(sluice_engine::XattrSet::NoAcls),
+                (false, false) => Some(sluice_engine::XattrSet::All),
+            },
             verify: self.verify,
             hash: self.hash.kind(),
             inplace: self.inplace,

@@ -101,3 +101,90 @@ fn verbose_lists_each_entry_with_its_reason() {
     assert_eq!(entries[0]["why"], serde_json::json!(["size", "mtime"]));
     assert_eq!(json_lines(&out, "deleted").len(), 1);
 }
+
+/// --size-only, --update, --ignore-existing decide what counts as up to
+/// date; --exclude-from reads patterns from a file.
+#[test]
+fn quick_check_opt_outs_and_patterns_from_a_file() {
+    let t = disk_dir("optouts");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("same-size"), b"aaaa");
+    write(&src.join("newer-in-dst"), b"src");
+    write(&src.join("exists"), b"from src");
+    write(&src.join("skip.log"), b"log");
+    write(&src.join("keep"), b"keep");
+    std::fs::create_dir_all(&dst).unwrap();
+    write(&dst.join("same-size"), b"bbbb");
+    write(&dst.join("newer-in-dst"), b"dst!");
+    write(&dst.join("exists"), b"old");
+    set_mtime(&src.join("same-size"), 1_700_000_000, 0);
+    set_mtime(&src.join("newer-in-dst"), 1_700_000_000, 0);
+    set_mtime(&dst.join("newer-in-dst"), 1_800_000_000, 0);
+    set_mtime(&dst.join("exists"), 1_600_000_000, 0); // older: --update copies it
+    let patterns = t.path().join("patterns");
+    write(&patterns, b"# logs\n\n*.log\n");
+    let pat = patterns.to_str().unwrap();
+    let out = copy(
+        &src,
+        &dst,
+        &["--size-only", "--update", "--exclude-from", pat, "--json"],
+    );
+    ok(&out);
+    let read = |n: &str| std::fs::read(dst.join(n)).unwrap();
+    assert_eq!(
+        read("same-size"),
+        b"bbbb",
+        "--size-only replaced a same-size file"
+    );
+    assert_eq!(
+        read("newer-in-dst"),
+        b"dst!",
+        "--update replaced a newer DST file"
+    );
+    assert_eq!(read("exists"), b"from src");
+    assert!(!dst.join("skip.log").exists(), "--exclude-from ignored");
+    assert_eq!(read("keep"), b"keep");
+    write(&src.join("exists"), b"changed again");
+    write(&src.join("brand-new"), b"new");
+    let out = copy(&src, &dst, &["--ignore-existing", "--json"]);
+    ok(&out);
+    assert_eq!(
+        read("exists"),
+        b"from src",
+        "--ignore-existing replaced an entry"
+    );
+    assert_eq!(read("brand-new"), b"new");
+}
+
+/// --no-xattrs copies no extended attributes, --no-acls none of the ACLs.
+#[test]
+fn xattrs_and_acls_can_be_left_behind() {
+    let t = disk_dir("noxattr");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("f"), b"f");
+    let f = src.join("f");
+    if rustix::fs::setxattr(&f, "user.test", b"v", rustix::fs::XattrFlags::empty()).is_err() {
+        eprintln!("skipped: no user xattrs here");
+        return;
+    }
+    let acl = have("setfacl") && run("setfacl", &["-m", "u:nobody:r", f.to_str().unwrap()]);
+    ok(&copy(&src, &dst.join("none"), &["--no-xattrs"]));
+    let names = |p: &std::path::Path| {
+        let mut buf = vec![0u8; 4096];
+        let n = rustix::fs::listxattr(p, &mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).to_string()
+    };
+    let none = names(&dst.join("none/f"));
+    assert!(
+        !none.contains("user.test") && !none.contains("posix_acl"),
+        "{none}"
+    );
+    ok(&copy(&src, &dst.join("no-acls"), &["--no-acls"]));
+    let some = names(&dst.join("no-acls/f"));
+    assert!(some.contains("user.test"), "{some}");
+    assert!(!some.contains("posix_acl"), "{some}");
+    if acl {
+        ok(&copy(&src, &dst.join("all"), &[]));
+        assert!(names(&dst.join("all/f")).contains("posix_acl_access"));
+    }
+}

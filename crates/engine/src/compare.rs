@@ -27,7 +27,7 @@ pub enum Verdict {
 /// and group are preserved (root), so a difference in them matters.
 /// Symlinks and special files compare by kind and times here; a symlink's
 /// target is compared by the caller.
-pub fn verdict(src: &Stat, dst: &Stat, perm_mask: u32, owners: bool) -> Verdict {
+pub fn verdict(src: &Stat, dst: &Stat, perm_mask: u32, owners: bool, size_only: bool) -> Verdict {
     let kind = src.file_type();
     if dst.file_type() != kind {
         return if dst.file_type() == FileType::Directory {
@@ -37,6 +37,7 @@ pub fn verdict(src: &Stat, dst: &Stat, perm_mask: u32, owners: bool) -> Verdict 
         };
     }
     let content_same = match kind {
+        FileType::RegularFile if size_only => src.size == dst.size,
         FileType::RegularFile | FileType::Symlink => src.size == dst.size && src.mtime == dst.mtime,
         FileType::CharacterDevice | FileType::BlockDevice => {
             src.rdev == dst.rdev && src.mtime == dst.mtime
@@ -104,6 +105,16 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
+    fn size_only_ignores_mtime() {
+        let s = file(0o100644, 10, (5, 0));
+        let d = file(0o100644, 10, (6, 0));
+        assert_eq!(verdict(&s, &d, 0o7777, true, false), Verdict::Replace);
+        assert_eq!(verdict(&s, &d, 0o7777, true, true), Verdict::Same);
+        let d = file(0o100644, 11, (5, 0));
+        assert_eq!(verdict(&s, &d, 0o7777, true, true), Verdict::Replace);
+    }
+
+    #[test]
     fn differences_name_what_differs() {
         let a = file(0o100644, 10, (5, 0));
         assert!(differences(&a, &a, 0o7777, true).is_empty());
@@ -141,7 +152,7 @@ mod tests {
             let mut d = s;
             d.ino = 99; // the inode and atime never matter
             d.atime = (5, 5);
-            prop_assert_eq!(verdict(&s, &d, 0o7777, true), Verdict::Same);
+            prop_assert_eq!(verdict(&s, &d, 0o7777, true, false), Verdict::Same);
         }
 
         #[test]
@@ -149,15 +160,15 @@ mod tests {
             let s = file(REG | 0o644, size, (sec, ns));
             let d = file(REG | 0o644, other, (dsec, ns));
             let same = size == other && sec == dsec;
-            prop_assert_eq!(verdict(&s, &d, 0o7777, true) == Verdict::Same, same);
-            if !same { prop_assert_eq!(verdict(&s, &d, 0o7777, true), Verdict::Replace); }
+            prop_assert_eq!(verdict(&s, &d, 0o7777, true, false) == Verdict::Same, same);
+            if !same { prop_assert_eq!(verdict(&s, &d, 0o7777, true, false), Verdict::Replace); }
         }
 
         #[test]
         fn a_directory_is_never_replaced_by_a_file(kind in prop::sample::select(vec![REG, LNK, 0o010000, 0o020000])) {
             let s = file(kind | 0o644, 1, (1, 1));
             let d = file(DIR | 0o755, 1, (1, 1));
-            prop_assert_eq!(verdict(&s, &d, 0o7777, true), Verdict::DirInTheWay);
+            prop_assert_eq!(verdict(&s, &d, 0o7777, true, false), Verdict::DirInTheWay);
         }
     }
 
@@ -166,15 +177,15 @@ mod tests {
         let s = file(REG | 0o644, 10, (1, 2));
         let mut d = s;
         d.mode = REG | 0o600;
-        assert_eq!(verdict(&s, &d, 0o7777, false), Verdict::FixMeta);
+        assert_eq!(verdict(&s, &d, 0o7777, false, false), Verdict::FixMeta);
         let mut d = s;
         d.uid = 0;
-        assert_eq!(verdict(&s, &d, 0o7777, true), Verdict::FixMeta);
-        assert_eq!(verdict(&s, &d, 0o7777, false), Verdict::Same);
+        assert_eq!(verdict(&s, &d, 0o7777, true, false), Verdict::FixMeta);
+        assert_eq!(verdict(&s, &d, 0o7777, false, false), Verdict::Same);
         // set-id bits are masked when owners are not kept
         let s = file(REG | 0o4755, 10, (1, 2));
         let d = file(REG | 0o755, 10, (1, 2));
-        assert_eq!(verdict(&s, &d, 0o1777, false), Verdict::Same);
+        assert_eq!(verdict(&s, &d, 0o1777, false, false), Verdict::Same);
     }
 
     #[test]

@@ -485,8 +485,11 @@ impl Worker {
             sluice_sys::set_owner(dst, st)
                 .map_err(|e| node.error(name, Side::Dst, "chown", Reason::Os(e)))?;
         }
+        let Some(set) = self.shared.opts.xattrs else {
+            return Ok(()); // --no-xattrs: what DST gives a new entry stays
+        };
         let s = &mut self.scratch;
-        sluice_sys::copy_xattrs(src, dst, &mut s.xattr_names, &mut s.xattr_value).map_err(
+        sluice_sys::copy_xattrs(src, dst, set, &mut s.xattr_names, &mut s.xattr_value).map_err(
             |(e, what)| {
                 node.error(
                     name,
@@ -496,7 +499,8 @@ impl Worker {
                 )
             },
         )?;
-        if node.default_acl {
+        // With --no-acls, what DST's default ACL hands down stays too.
+        if node.default_acl && set == sluice_sys::XattrSet::All {
             self.drop_inherited_acls(node, name, src, dst, st)?;
         }
         Ok(())
@@ -757,7 +761,8 @@ impl Worker {
         if self.shared.opts.preserve_owner && !node.creates_owned_by(st) {
             sluice_sys::set_owner_at(node.dst(), tmp.as_cstr(), st).map_err(|e| err("chown", e))?;
         }
-        if node.default_acl && st.file_type() != FileType::Symlink {
+        let acls = self.shared.opts.xattrs == Some(sluice_sys::XattrSet::All);
+        if node.default_acl && acls && st.file_type() != FileType::Symlink {
             // A FIFO or device node inherits ACLs too (SRC's own are not
             // copied for these: they cannot be opened to read them).
             for acl in [ACL_ACCESS, ACL_DEFAULT] {

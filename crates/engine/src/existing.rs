@@ -96,8 +96,16 @@ impl Worker {
             }
         };
         let owners = sh.opts.preserve_owner;
+        // What the user asked to leave alone: whatever DST has
+        // (--ignore-existing), or a file of the same kind that is newer
+        // there (--update).
+        let newer = dst.file_type() == st.file_type() && dst.mtime > st.mtime;
+        if sh.opts.ignore_existing || (sh.opts.update && newer) {
+            sh.stats.unchanged.fetch_add(1, Relaxed);
+            return true;
+        }
         let differences = || compare::differences(st, &dst, sh.opts.perm_mask(), owners);
-        match compare::verdict(st, &dst, sh.opts.perm_mask(), owners) {
+        match compare::verdict(st, &dst, sh.opts.perm_mask(), owners, sh.opts.size_only) {
             Verdict::Replace => {
                 self.why = differences();
                 return false;
@@ -209,7 +217,10 @@ impl Worker {
         ) else {
             return false;
         };
-        sluice_sys::xattrs_equal(s.as_fd(), d.as_fd()).unwrap_or(false)
+        let Some(set) = self.shared.opts.xattrs else {
+            return true;
+        };
+        sluice_sys::xattrs_equal(s.as_fd(), d.as_fd(), set).unwrap_or(false)
     }
 
     /// Whether a hard-linked source file's name in DST is linked like in
@@ -293,9 +304,12 @@ impl Worker {
         if self.shared.opts.preserve_owner && (now.uid, now.gid) != (st.uid, st.gid) {
             sluice_sys::set_owner(dst, st).map_err(|e| err("chown", e))?;
         }
-        if !sluice_sys::xattrs_equal(src, dst).unwrap_or(false) {
+        let Some(set) = self.shared.opts.xattrs else {
+            return Ok(());
+        };
+        if !sluice_sys::xattrs_equal(src, dst, set).unwrap_or(false) {
             let s = &mut self.scratch;
-            sluice_sys::copy_xattrs(src, dst, &mut s.xattr_names, &mut s.xattr_value)
+            sluice_sys::copy_xattrs(src, dst, set, &mut s.xattr_names, &mut s.xattr_value)
                 .map_err(|(e, _)| err("copy extended attributes", e))?;
         }
         Ok(())

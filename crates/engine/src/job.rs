@@ -100,6 +100,16 @@ pub struct CopyOptions {
     /// (`--allow-empty-src`): without it, an empty SRC root (an unmounted
     /// share, an expired automount) never empties DST.
     pub allow_empty_src: bool,
+    /// Which extended attributes are copied and compared; `None` copies
+    /// none (`--no-xattrs`, ACLs included, since they are stored as
+    /// extended attributes).
+    pub xattrs: Option<sluice_sys::XattrSet>,
+    /// The quick check compares sizes only, not mtimes (`--size-only`).
+    pub size_only: bool,
+    /// Leave alone a DST file newer than its source (`--update`).
+    pub update: bool,
+    /// Leave alone every entry DST already has (`--ignore-existing`).
+    pub ignore_existing: bool,
     /// Report every entry created, updated or linked, with why
     /// (`Reporter::entry_changed`; `-v`). Off, nothing is gathered.
     pub verbose: bool,
@@ -168,6 +178,10 @@ impl Default for CopyOptions {
             allow_empty_src: false,
             dst_locked: false,
             verbose: false,
+            xattrs: Some(sluice_sys::XattrSet::All),
+            size_only: false,
+            update: false,
+            ignore_existing: false,
         }
     }
 }

@@ -43,6 +43,7 @@ pub use job::{
     copy, Check, CopyOptions, HashKind, Outcome, Reflink, Reporter, Stats, Summary, DEFAULT_CHUNK,
     DEFAULT_JOBS,
 };
+pub use sluice_sys::XattrSet;
 pub use sluice_walk::Filter;
 
 /// Whether this process may drop the page cache (root), as `sluice probe`

@@ -219,7 +219,7 @@ impl Worker {
             ));
         }
         if let Some((s, d)) = fds {
-            if !sluice_sys::xattrs_equal(s, d).unwrap_or(false) {
+            if !sluice_sys::xattrs_equal(s, d, sluice_sys::XattrSet::All).unwrap_or(false) {
                 return Some("extended attributes differ".into());
             }
         }

@@ -24,7 +24,7 @@ pub mod extents;
 pub mod notify;
 mod xattr;
 pub use buf::{AlignedBuf, DIRECT_ALIGN};
-pub use xattr::{copy_xattrs, has_xattr, remove_xattr, remove_xattr_at, xattrs_equal};
+pub use xattr::{copy_xattrs, has_xattr, remove_xattr, remove_xattr_at, xattrs_equal, XattrSet};
 
 /// The metadata sluice needs about one entry, read once with `statx`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,13 +5,30 @@ use crate::{Errno, Result};
 use std::ffi::CStr;
 use std::os::fd::BorrowedFd;
 
-/// Copies every extended attribute of `src` to `dst`. `names` and `value`
+/// Which extended attributes a job copies and compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum XattrSet {
+    /// All of them, POSIX ACLs (`system.posix_acl_*`) included.
+    #[default]
+    All,
+    /// All but POSIX ACLs (`--no-acls`).
+    NoAcls,
+}
+
+impl XattrSet {
+    fn takes(self, name: &[u8]) -> bool {
+        self == XattrSet::All || !name.starts_with(b"system.posix_acl_")
+    }
+}
+
+/// Copies every extended attribute of `src` in `set` to `dst`. `names` and `value`
 /// are scratch buffers reused across calls. Attributes the destination
 /// refuses (an unsupported namespace, `trusted.*` without privilege) are
 /// skipped; the first other failure is returned with the name it hit.
 pub fn copy_xattrs(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
+    set: XattrSet,
     names: &mut Vec<u8>,
     value: &mut Vec<u8>,
 ) -> std::result::Result<(), (Errno, String)> {
@@ -31,7 +48,7 @@ pub fn copy_xattrs(
         let end = start + nul;
         let name = CStr::from_bytes_with_nul(&names[start..=end]).expect("one NUL at the end");
         start = end + 1;
-        if name.is_empty() {
+        if name.is_empty() || !set.takes(name.to_bytes()) {
             continue;
         }
         let len = match get(src, name, value) {
@@ -78,9 +95,10 @@ fn get(fd: BorrowedFd<'_>, name: &CStr, value: &mut Vec<u8>) -> Result<usize> {
     }
 }
 
-/// Whether `src` and `dst` carry the same extended attributes with the same
-/// values (a re-run leaves equal ones alone: setting them changes the ctime).
-pub fn xattrs_equal(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<bool> {
+/// Whether `src` and `dst` carry the same extended attributes of `set`
+/// with the same values (a re-run leaves equal ones alone: setting them
+/// changes the ctime).
+pub fn xattrs_equal(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, set: XattrSet) -> Result<bool> {
     let (mut a, mut b) = (Vec::new(), Vec::new());
     let names = |fd, buf: &mut Vec<u8>| -> Result<Vec<Vec<u8>>> {
         let n = match list(fd, buf) {
@@ -89,7 +107,7 @@ pub fn xattrs_equal(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Result<bool> {
         };
         let mut v: Vec<Vec<u8>> = buf[..n]
             .split(|&c| c == 0)
-            .filter(|s| !s.is_empty())
+            .filter(|s| !s.is_empty() && set.takes(s))
             .map(<[u8]>::to_vec)
             .collect();
         v.sort();
