@@ -2,7 +2,9 @@
 //! engine's image job and reports it.
 
 use crate::args::{ImageArgs, Show};
-use crate::output::{busy_json, busy_line, cancel_on_signals, eta, ms, progress, rate, Printer};
+use crate::output::{
+    busy_json, busy_line, cancel_on_signals, eta, ms, progress, rate, Draw, Printer, Tick,
+};
 use crate::size::human_bytes;
 use serde_json::json;
 use sluice_engine::image::{ImageMode, ImageOptions, ImageReport, ImageStats};
@@ -37,10 +39,14 @@ pub fn run_with(src: &Path, dst: &Path, opts: ImageOptions, show: &Show) -> Exit
     let printer = Printer::new(show.json);
     let start = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
-    let ticker = show.bar().then(|| {
+    let ticker = (show.bar() || show.json).then(|| {
         let stats = stats.clone();
-        progress(&printer, done.clone(), move || {
-            progress_line(&stats, start.elapsed())
+        let draw = Draw {
+            bar: show.bar(),
+            json: show.json,
+        };
+        progress(&printer, draw, done.clone(), cancel.clone(), move || {
+            image_tick(&stats, start.elapsed())
         })
     });
     let result =
@@ -83,18 +89,24 @@ pub fn run_with(src: &Path, dst: &Path, opts: ImageOptions, show: &Show) -> Exit
     ExitCode::from(code)
 }
 
-fn progress_line(s: &ImageStats, elapsed: Duration) -> String {
-    let done = s.bytes_done.load(Relaxed) as f64;
-    let size = s.size.load(Relaxed) as f64;
-    let speed = rate(done, elapsed);
-    let eta = eta(size - done, speed);
-    format!(
-        "{}/{} scanned  {} written  {}/s{eta}",
-        human_bytes(done),
-        human_bytes(size),
-        human_bytes(s.bytes_written.load(Relaxed) as f64),
-        human_bytes(speed),
-    )
+fn image_tick(s: &ImageStats, elapsed: Duration) -> Tick {
+    let done = s.bytes_done.load(Relaxed);
+    let size = s.size.load(Relaxed);
+    let written = s.bytes_written.load(Relaxed);
+    let speed = rate(done as f64, elapsed);
+    let eta = eta(size.saturating_sub(done) as f64, speed);
+    Tick {
+        line: format!(
+            "{}/{} scanned  {} written  {}/s{eta}",
+            human_bytes(done as f64),
+            human_bytes(size as f64),
+            human_bytes(written as f64),
+            human_bytes(speed),
+        ),
+        fraction: (size > 0).then(|| (done as f64 / size as f64).min(1.0)),
+        json: json!({"elapsed_s": ms(elapsed.as_secs_f64()), "bytes_done": done, "bytes_found": size,
+                     "bytes_written": written, "bytes_per_s": speed.round()}),
+    }
 }
 
 fn summary_json(

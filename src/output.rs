@@ -162,18 +162,14 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
     let printer = Printer::with(args.show.json, args.show.verbose, dry_run);
     let start = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
-    let ticker = args.show.bar().then(|| {
+    let ticker = (args.show.bar() || args.show.json).then(|| {
         let stats = stats.clone();
-        // The walk runs alongside the copy, so totals grow until it is
-        // over; an ETA is shown only once they held still for a second.
-        let (mut last_found, mut still_since) = (u64::MAX, Instant::now());
-        progress(&printer, done.clone(), move || {
-            let found = stats.entries_found.load(Relaxed);
-            if found != last_found {
-                (last_found, still_since) = (found, Instant::now());
-            }
-            let walk_settled = still_since.elapsed() >= Duration::from_secs(1);
-            progress_line(&stats, start.elapsed(), walk_settled)
+        let draw = Draw {
+            bar: args.show.bar(),
+            json: args.show.json,
+        };
+        progress(&printer, draw, done.clone(), cancel.clone(), move || {
+            copy_tick(&stats, start.elapsed())
         })
     });
     let result = sluice_engine::copy(
@@ -252,37 +248,94 @@ pub fn stopped_by() -> &'static str {
     }
 }
 
-/// Draws `line()` until `done`: on a terminal a redrawn bar; when
-/// --progress is forced onto a pipe or file, one plain line every few
-/// seconds instead.
+/// Where progress goes.
+#[derive(Clone, Copy)]
+pub struct Draw {
+    /// On stderr: a redrawn bar on a terminal, else a line a second.
+    pub bar: bool,
+    /// On stdout: a `{"type":"progress"}` object a second.
+    pub json: bool,
+}
+
+/// What a job has done so far, for the bar and `--json`.
+pub struct Tick {
+    /// The text beside the bar (or the whole line without a terminal).
+    pub line: String,
+    /// How much of the job is done, once its total is known (the walk is
+    /// over); before that no bar, no percentage, no ETA.
+    pub fraction: Option<f64>,
+    /// The `--json` progress object (a timestamp is added).
+    pub json: serde_json::Value,
+}
+
+/// Reports `tick()` until `done`: on a terminal a bar (with a percentage
+/// once the total is known) redrawn 5 times a second; without one, with
+/// `--progress`, a line every second from the start; with `--json`, a
+/// progress object every second. When `cancel` is set (a signal), it says
+/// at once that the job is stopping; the bar is cleared at the end, never
+/// left frozen.
 pub fn progress(
     printer: &Printer,
+    draw: Draw,
     done: Arc<AtomicBool>,
-    mut line: impl FnMut() -> String + Send + 'static,
+    cancel: Arc<AtomicBool>,
+    mut tick: impl FnMut() -> Tick + Send + 'static,
 ) -> std::thread::JoinHandle<()> {
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(5));
-        bar.set_style(
-            ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}")
-                .expect("valid template"),
-        );
+    let terminal = draw.bar && std::io::stderr().is_terminal();
+    let walking =
+        ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}").expect("valid template");
+    let counting =
+        ProgressStyle::with_template("{spinner} {elapsed_precise} [{bar:24}] {percent:>3}% {msg}")
+            .expect("valid template")
+            .progress_chars("=> ");
+    let bar = terminal.then(|| {
+        let bar = ProgressBar::with_draw_target(Some(1000), ProgressDrawTarget::stderr_with_hz(5));
+        bar.set_style(walking.clone());
         *printer.bar.lock().expect("bar lock") = Some(bar.clone());
         bar
     });
     std::thread::spawn(move || {
         let mut last_line = Instant::now();
+        let (mut counted, mut told_stop) = (false, false);
         while !done.load(Relaxed) {
-            let line = line();
+            if cancel.load(Relaxed) && !told_stop {
+                told_stop = true;
+                let msg = format!("sluice: stopping {}; state is kept", stopped_by());
+                match &bar {
+                    Some(bar) => bar.suspend(|| eprintln!("{msg}")),
+                    None => eprintln!("{msg}"),
+                }
+            }
+            let t = tick();
+            let second = last_line.elapsed() >= Duration::from_secs(1);
             match &bar {
                 Some(bar) => {
-                    bar.set_message(line);
+                    if let (Some(f), false) = (t.fraction, counted) {
+                        bar.set_style(counting.clone());
+                        counted = true;
+                        bar.set_position((f * 1000.0) as u64);
+                    } else if let Some(f) = t.fraction {
+                        bar.set_position((f.clamp(0.0, 1.0) * 1000.0) as u64);
+                    }
+                    bar.set_message(t.line.clone());
                     bar.tick();
                 }
-                None if last_line.elapsed() >= Duration::from_secs(5) => {
-                    eprintln!("sluice: {line}");
-                    last_line = Instant::now();
+                None if draw.bar && second => {
+                    let pct = t
+                        .fraction
+                        .map_or(String::new(), |f| format!("{:.0}%  ", f * 100.0));
+                    eprintln!("sluice: {pct}{}", t.line);
                 }
                 None => {}
+            }
+            if draw.json && second {
+                let mut j = t.json;
+                j["type"] = json!("progress");
+                j["time"] = json!(unix_time());
+                let _ = writeln!(std::io::stdout().lock(), "{j}");
+            }
+            if second {
+                last_line = Instant::now();
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -290,6 +343,13 @@ pub fn progress(
             bar.finish_and_clear();
         }
     })
+}
+
+/// Seconds since the Unix epoch, to the millisecond.
+fn unix_time() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| (d.as_millis() as f64) / 1000.0)
 }
 
 /// "  ETA h:mm:ss" for `left` bytes at `speed` bytes/s; empty when unknown.
@@ -325,29 +385,58 @@ pub fn rate(n: f64, elapsed: Duration) -> f64 {
     }
 }
 
-fn progress_line(stats: &Stats, elapsed: Duration, walk_settled: bool) -> String {
+/// Progress of a copy, sync or verify. Bytes count as they are written
+/// (a big file's count as copied only once committed), or as compared.
+fn copy_tick(stats: &Stats, elapsed: Duration) -> Tick {
     let done = stats.entries_done();
     let found = stats.entries_found.load(Relaxed);
-    // Bytes as they are written (a big file's count as copied only when it
-    // is committed), or as they are compared for verify.
     let bytes = stats
         .bytes_copied
         .load(Relaxed)
-        .max(stats.data_moved.load(Relaxed)) as f64;
-    let bytes_found = stats.bytes_found.load(Relaxed) as f64;
-    let speed = rate(bytes, elapsed);
-    let eta = if !walk_settled {
-        "  (still walking)".to_string()
+        .max(stats.data_moved.load(Relaxed));
+    let bytes_found = stats.bytes_found.load(Relaxed);
+    let speed = rate(bytes as f64, elapsed);
+    let walked = stats.walk_done();
+    let line = if walked {
+        format!(
+            "{done}/{found} entries  {}/{}  {}/s  {} files/s{}",
+            human_bytes(bytes as f64),
+            human_bytes(bytes_found as f64),
+            human_bytes(speed),
+            per_s(stats.files_copied.load(Relaxed) as f64, elapsed),
+            eta(bytes_found.saturating_sub(bytes) as f64, speed)
+        )
     } else {
-        eta(bytes_found - bytes, speed)
+        format!(
+            "still listing: {found} entries, {} found  ·  {done} done, {}  {}/s",
+            human_bytes(bytes_found as f64),
+            human_bytes(bytes as f64),
+            human_bytes(speed),
+        )
     };
-    format!(
-        "{done}/{found} entries  {}/{}  {}/s  {} files/s{eta}",
-        human_bytes(bytes),
-        human_bytes(bytes_found),
-        human_bytes(speed),
-        per_s(stats.files_copied.load(Relaxed) as f64, elapsed),
-    )
+    let fraction = walked.then(|| {
+        if bytes_found > 0 {
+            (bytes as f64 / bytes_found as f64).min(1.0)
+        } else if found > 0 {
+            (done as f64 / found as f64).min(1.0)
+        } else {
+            1.0
+        }
+    });
+    let json = json!({
+        "elapsed_s": ms(elapsed.as_secs_f64()),
+        "walk_done": walked,
+        "entries_done": done,
+        "entries_found": found,
+        "bytes_done": bytes,
+        "bytes_found": bytes_found,
+        "bytes_per_s": speed.round(),
+    });
+    Tick {
+        line,
+        fraction,
+        json,
+    }
 }
 
 /// The `{"type":"summary", ...}` object closing a `--json` stream.

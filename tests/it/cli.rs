@@ -188,3 +188,39 @@ fn xattrs_and_acls_can_be_left_behind() {
         assert!(names(&dst.join("all/f")).contains("posix_acl_access"));
     }
 }
+
+/// Progress without a terminal: `--progress` prints a line a second (with
+/// a percentage once the walk is over); `--json` carries progress objects
+/// with a timestamp.
+#[test]
+fn progress_lines_and_json_progress_events() {
+    let t = disk_dir("progress");
+    let src = t.path().join("src");
+    for i in 0..3 {
+        write(&src.join(format!("f{i}")), &bytes(2 << 20, i));
+    }
+    // 6 MiB at 3 MiB/s: about two seconds.
+    // (run_cmd would add --no-progress)
+    let out = sluice()
+        .args(["copy", "--bwlimit", "3M", "--progress"])
+        .arg(&src)
+        .arg(t.path().join("a"))
+        .output()
+        .unwrap();
+    ok(&out);
+    let err = stderr(&out);
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("entries")).collect();
+    assert!(!lines.is_empty(), "no progress lines: {err}");
+    assert!(
+        lines.iter().any(|l| l.contains('%')),
+        "no percentage: {err}"
+    );
+    let out = copy(&src, &t.path().join("b"), &["--bwlimit", "3M", "--json"]);
+    ok(&out);
+    let ticks = json_lines(&out, "progress");
+    assert!(!ticks.is_empty(), "{}", stdout(&out));
+    assert!(ticks.iter().all(|p| p["time"].as_f64().unwrap() > 1.7e9));
+    let last = ticks.last().unwrap();
+    assert_eq!(last["walk_done"], true, "{last}");
+    assert_eq!(last["bytes_found"], 6 << 20);
+}

@@ -245,9 +245,19 @@ pub struct Stats {
     /// Entries and bytes listed so far (the walk runs ahead of the copy).
     pub entries_found: AtomicU64,
     pub bytes_found: AtomicU64,
+    /// Directories found and not yet listed; see [`Stats::walk_done`].
+    pub listings_pending: AtomicU64,
+    /// Set once the first directory is queued.
+    pub walk_started: AtomicBool,
 }
 
 impl Stats {
+    /// Whether the walk is over: every directory listed, so
+    /// `entries_found` and `bytes_found` are the job's totals.
+    pub fn walk_done(&self) -> bool {
+        self.walk_started.load(Relaxed) && self.listings_pending.load(Relaxed) == 0
+    }
+
     /// Entries finished so far, copied or not.
     pub fn entries_done(&self) -> u64 {
         self.files_copied.load(Relaxed)
@@ -750,18 +760,24 @@ fn run(
         shared: shared.clone(),
     });
     let first = match roots.single {
-        None => Task::List(root),
-        Some((src_name, dst_name, st)) => Task::Single {
-            node: root,
-            src_name,
-            dst_name,
-            st,
-        },
+        None => Task::List(root, crate::worker::Listing::new(&shared.stats)),
+        Some((src_name, dst_name, st)) => {
+            // One file: the walk is over before it starts.
+            shared.stats.entries_found.fetch_add(1, Relaxed);
+            shared.stats.bytes_found.fetch_add(st.size, Relaxed);
+            Task::Single {
+                node: root,
+                src_name,
+                dst_name,
+                st,
+            }
+        }
     };
     shared
         .queue
         .push(crate::queue::Lane::Dir, first)
         .unwrap_or_else(|_| unreachable!("a new queue has room"));
+    shared.stats.walk_started.store(true, Relaxed);
     let started = std::time::Instant::now();
     let sampled = AtomicBool::new(false);
     std::thread::scope(|s| {

@@ -22,12 +22,13 @@ const BATCH: usize = 128;
 /// A unit of work on the queue.
 pub(crate) enum Task {
     /// List an already opened directory pair (the roots).
-    List(Arc<DirNode>),
+    List(Arc<DirNode>, Listing),
     /// Open, create in DST, then list a subdirectory.
     Dir {
         parent: Arc<DirNode>,
         name: CString,
         st: Stat,
+        listing: Listing,
     },
     /// Copy a batch of non-directory entries of one directory.
     Files(FileBatch),
@@ -47,10 +48,29 @@ pub(crate) enum Task {
 impl Task {
     fn lane(&self) -> Lane {
         match self {
-            Task::List(_) | Task::Dir { .. } => Lane::Dir,
+            Task::List(..) | Task::Dir { .. } => Lane::Dir,
             Task::Chunk(_) | Task::Check(_) => Lane::Chunk,
             _ => Lane::Data,
         }
+    }
+}
+
+/// A directory still to be listed: counted in `Stats::listings_pending`
+/// from when it is found until its task is finished (its subdirectories
+/// are counted before that), so the count reaches zero exactly when the
+/// walk is over and the totals found are final.
+pub(crate) struct Listing(Arc<crate::job::Stats>);
+
+impl Listing {
+    pub fn new(stats: &Arc<crate::job::Stats>) -> Listing {
+        stats.listings_pending.fetch_add(1, Relaxed);
+        Listing(stats.clone())
+    }
+}
+
+impl Drop for Listing {
+    fn drop(&mut self) {
+        self.0.listings_pending.fetch_sub(1, Relaxed);
     }
 }
 
@@ -177,7 +197,7 @@ impl Worker {
             return; // dropping the task releases its directories and temporaries
         }
         match task {
-            Task::List(node) => {
+            Task::List(node, listing) => {
                 // The job's DST root is locked already (exclusively, by this
                 // job or the watch that runs it) unless it is a watch pass's
                 // subdirectory.
@@ -193,9 +213,14 @@ impl Worker {
                 {
                     return;
                 }
-                self.list(node)
+                self.list(node, listing)
             }
-            Task::Dir { parent, name, st } => self.enter_dir(parent, &name, st),
+            Task::Dir {
+                parent,
+                name,
+                st,
+                listing,
+            } => self.enter_dir(parent, &name, st, listing),
             Task::Files(batch) => {
                 for &(start, st) in &batch.entries {
                     if self.shared.stopped() {
@@ -212,11 +237,7 @@ impl Worker {
                 src_name,
                 dst_name,
                 st,
-            } => {
-                self.shared.stats.entries_found.fetch_add(1, Relaxed);
-                self.shared.stats.bytes_found.fetch_add(st.size, Relaxed);
-                self.copy_one(&node, &src_name, &dst_name, &st);
-            }
+            } => self.copy_one(&node, &src_name, &dst_name, &st),
         }
     }
 
@@ -246,7 +267,7 @@ impl Worker {
     }
 
     /// Opens a subdirectory, creates its copy in DST, then lists it.
-    fn enter_dir(&mut self, parent: Arc<DirNode>, name: &CStr, st: Stat) {
+    fn enter_dir(&mut self, parent: Arc<DirNode>, name: &CStr, st: Stat, listing: Listing) {
         let sh = &self.shared;
         let src = match sluice_sys::open_dir_at(parent.src.as_fd(), name) {
             Ok(fd) => fd,
@@ -340,7 +361,7 @@ impl Worker {
             shared: self.shared.clone(),
         });
         if descend {
-            self.list(node);
+            self.list(node, listing);
         }
     }
 
@@ -378,7 +399,7 @@ impl Worker {
 
     /// Lists a directory: subdirectories become tasks, big files become
     /// chunk tasks, everything else is batched.
-    fn list(&mut self, node: Arc<DirNode>) {
+    fn list(&mut self, node: Arc<DirNode>, listing: Listing) {
         let mut stream = self.scratch.stream.take().unwrap_or_default();
         let mut batch = FileBatch::new(node.clone());
         let shared = self.shared.clone();
@@ -434,6 +455,7 @@ impl Worker {
                     parent: node.clone(),
                     name: name.to_owned(),
                     st,
+                    listing: Listing::new(&shared.stats),
                 }),
                 Action::Chunked { chunks } => {
                     stats.bytes_found.fetch_add(st.size, Relaxed);
@@ -463,6 +485,8 @@ impl Worker {
         if let Err(e) = res {
             shared.fail(node.self_error(Side::Src, "read directory", Reason::Os(e)));
         }
+        // Listed: its entries are counted, whatever is left to copy.
+        drop(listing);
         if !batch.entries.is_empty() {
             self.run_task(Task::Files(batch));
         }
