@@ -20,8 +20,17 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Copy SRC to DST, replacing what differs (entries already up to date are left alone).
+    ///
+    /// Like `sync`, a copy compares with what DST already has and writes only
+    /// what differs (size and mtime, or content with --checksum), so running it
+    /// again finishes an interrupted job. It never removes anything from DST.
     Copy(CopyArgs),
     /// Copy only what changed; with --delete, remove what SRC no longer has.
+    ///
+    /// What `sync` adds over `copy`: --delete (remove DST entries SRC does not
+    /// have, only after both trees were walked without a single error; never an
+    /// empty SRC root's worth without --allow-empty-src, never inside another
+    /// file system mounted in DST) and --max-delete N.
     Sync(SyncArgs),
     /// Compare SRC and DST content (and metadata); change nothing.
     Verify(VerifyArgs),
@@ -30,6 +39,13 @@ pub enum Command {
     Image(ImageArgs),
     /// Sync, then keep DST current as SRC changes (inotify, with periodic
     /// full rescans); stop with Ctrl-C.
+    ///
+    /// A watch mirrors, so deletes propagate by default: a replica that kept
+    /// every file SRC removed would drift from SRC without bound, and the one
+    /// thing a mirror is for is to look like its source. --no-delete keeps
+    /// them. The same guards as `sync --delete` hold: deletes only after a
+    /// clean listing, never for an empty SRC root, and the watch pauses while
+    /// SRC or DST is not the directory it started with (an unmounted share).
     Watch(WatchArgs),
     /// Measure throughput at 1, 2, 4, 8... streams and recommend a count.
     Probe(ProbeArgs),
