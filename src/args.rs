@@ -123,6 +123,10 @@ pub struct Show {
     /// what would be; with --json, `{"type":"entry",...}` objects.
     #[arg(short = 'v', long)]
     pub verbose: bool,
+    /// Append every per-entry event (created, updated, linked, deleted,
+    /// failed, with why) to FILE as timestamped lines.
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
     /// Print only errors: no progress, no summary table.
     #[arg(short = 'q', long, conflicts_with = "progress")]
     pub quiet: bool,
@@ -480,7 +484,7 @@ impl JobArgs {
             filter,
             one_file_system: self.one_file_system,
             direct: !self.no_direct,
-            verbose: self.show.verbose,
+            verbose: self.show.verbose || self.show.log_file.is_some(),
             mem_limit: self.mem_limit.unwrap_or(defaults.mem_limit),
             ..defaults
         })

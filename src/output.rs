@@ -23,6 +23,8 @@ pub struct Printer {
     verbose: bool,
     /// A dry run: those lines say "would".
     dry_run: bool,
+    /// `--log-file`: every per-entry event as a timestamped line.
+    log: Option<Mutex<std::io::LineWriter<std::fs::File>>>,
     bar: Mutex<Option<ProgressBar>>,
 }
 
@@ -39,6 +41,7 @@ impl Reporter for Printer {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "{line}");
         }
+        self.log(&format!("error {err}"));
         self.say(&format!("sluice: error: {err}"));
     }
 
@@ -47,6 +50,7 @@ impl Reporter for Printer {
             let line = json!({"type": "skipped", "path": escape(path), "reason": why});
             let _ = writeln!(std::io::stdout().lock(), "{line}");
         }
+        self.log(&format!("skipped {}: {why}", escape(path)));
         self.say(&format!("sluice: skipped {}: {why}", escape(path)));
     }
 
@@ -55,10 +59,12 @@ impl Reporter for Printer {
             let line = json!({"type": "difference", "path": escape(path), "what": what});
             let _ = writeln!(std::io::stdout().lock(), "{line}");
         }
+        self.log(&format!("differs {}: {what}", escape(path)));
         self.say(&format!("sluice: differs: {}: {what}", escape(path)));
     }
 
     fn entry_deleted(&self, path: &[u8]) {
+        self.log(&entry_text(self.dry_run, "delete", path, &[]));
         if self.json {
             let line = json!({"type": "deleted", "path": escape(path)});
             let _ = writeln!(std::io::stdout().lock(), "{line}");
@@ -68,6 +74,10 @@ impl Reporter for Printer {
     }
 
     fn entry_changed(&self, path: &[u8], action: &str, why: &[&'static str]) {
+        self.log(&entry_text(self.dry_run, action, path, why));
+        if !self.verbose {
+            return; // gathered for --log-file only
+        }
         if self.json {
             let line = json!({"type": "entry", "action": action, "path": escape(path),
                               "why": why, "dry_run": self.dry_run});
@@ -82,8 +92,20 @@ impl Reporter for Printer {
             let line = json!({"type": "notice", "path": escape(path), "what": what});
             let _ = writeln!(std::io::stdout().lock(), "{line}");
         }
+        self.log(&format!("note {}: {what}", escape(path)));
         self.say(&format!("sluice: note: {}: {what}", escape(path)));
     }
+}
+
+/// `copy /dst/a/b (new)`, or `would copy ...` in a dry run.
+fn entry_text(dry_run: bool, action: &str, path: &[u8], why: &[&'static str]) -> String {
+    let would = if dry_run { "would " } else { "" };
+    let why = if why.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", why.join(", "))
+    };
+    format!("{would}{action} {}{why}", escape(path))
 }
 
 impl Printer {
@@ -98,20 +120,53 @@ impl Printer {
             json,
             verbose,
             dry_run,
+            log: None,
             bar: Mutex::new(None),
         })
+    }
+
+    /// The printer `show` asks for: JSON or text, `-v`, and with
+    /// `--log-file` every per-entry event appended to that file.
+    pub fn for_show(show: &crate::args::Show, dry_run: bool) -> Result<Arc<Printer>, String> {
+        let log = match &show.log_file {
+            None => None,
+            Some(path) => {
+                let f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|e| format!("cannot open the log file {}: {e}", path.display()))?;
+                Some(Mutex::new(std::io::LineWriter::new(f)))
+            }
+        };
+        Ok(Arc::new(Printer {
+            json: show.json,
+            verbose: show.verbose,
+            dry_run,
+            log,
+            bar: Mutex::new(None),
+        }))
+    }
+
+    /// A line of the `--log-file`: Unix time, pid, the event.
+    fn log(&self, event: &str) {
+        if let Some(log) = &self.log {
+            let line = format!("{:.3} [{}] {event}", unix_time(), std::process::id());
+            let _ = writeln!(log.lock().expect("log lock"), "{line}");
+        }
+    }
+
+    /// Writes out what the log holds (at the end of a job).
+    pub fn flush_log(&self) {
+        if let Some(log) = &self.log {
+            let _ = log.lock().expect("log lock").flush();
+        }
     }
 
     /// `copy   /dst/a/b (new)`, or `would copy ...` in a dry run, on
     /// stdout, around the progress bar.
     fn entry_line(&self, action: &str, path: &[u8], why: &[&'static str]) {
-        let would = if self.dry_run { "would " } else { "" };
-        let why = if why.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", why.join(", "))
-        };
-        let line = format!("{would}{action} {}{why}", escape(path));
+        let line = entry_text(self.dry_run, action, path, why);
         let print = || {
             let _ = writeln!(std::io::stdout().lock(), "{line}");
         };
@@ -159,7 +214,13 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
     let cancel = cancel_on_signals();
     let stats = Arc::new(Stats::default());
     let dry_run = matches!(kind, Kind::Copy { dry_run: true });
-    let printer = Printer::with(args.show.json, args.show.verbose, dry_run);
+    let printer = match Printer::for_show(&args.show, dry_run) {
+        Ok(p) => p,
+        Err(msg) => {
+            eprintln!("sluice: error: {msg}");
+            return ExitCode::from(2);
+        }
+    };
     let start = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
     let ticker = (args.show.bar() || args.show.json).then(|| {
@@ -184,6 +245,7 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
     if let Some(t) = ticker {
         let _ = t.join();
     }
+    printer.flush_log();
     let summary = stats.summary(start.elapsed());
     let (code, outcome) = match &result {
         Ok(Outcome::Complete) => (0, "complete"),
@@ -531,7 +593,7 @@ pub fn busy_line(b: &Busy) -> String {
 pub fn summary_table(s: &Summary, kind: Kind) -> String {
     let secs = s.elapsed.as_secs_f64();
     let verb = match kind {
-        Kind::Copy { dry_run: true } => "files would copy",
+        Kind::Copy { dry_run: true } => "would copy",
         Kind::Copy { dry_run: false } => "files copied",
         Kind::Verify => "files verified",
     };
@@ -565,6 +627,12 @@ pub fn summary_table(s: &Summary, kind: Kind) -> String {
     };
     for (label, n) in rows {
         t += &format!("{label:<14}{n:>14}\n");
+    }
+    if kind == (Kind::Copy { dry_run: true }) {
+        // Nothing moved: rates and where the streams' time went would only
+        // describe the walk, and read like a copy's.
+        t += &format!("dry run: nothing written; walked in {secs:.2} s\n");
+        return t;
     }
     t += &format!(
         "time {:.2} s, {}/s, {} files/s\n",

@@ -132,11 +132,18 @@ pub fn run(args: &WatchArgs) -> ExitCode {
         eprintln!("sluice: error: --rescan must be a positive number of seconds");
         return ExitCode::from(2);
     }
+    let entries = match Printer::for_show(&args.job.show, false) {
+        Ok(p) => p,
+        Err(msg) => {
+            eprintln!("sluice: error: {msg}");
+            return ExitCode::from(2);
+        }
+    };
     let cancel = cancel_on_signals();
     let printer = Arc::new(WatchPrinter {
         json: args.job.show.json,
         quiet: args.job.show.no_progress && args.job.show.json,
-        entries: Printer::new(args.job.show.json),
+        entries,
     });
     let wopts = WatchOptions {
         rescan: Duration::from_secs_f64(args.rescan),

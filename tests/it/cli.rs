@@ -224,3 +224,47 @@ fn progress_lines_and_json_progress_events() {
     assert_eq!(last["walk_done"], true, "{last}");
     assert_eq!(last["bytes_found"], 6 << 20);
 }
+
+/// `--log-file` gets every entry's event, with or without `-v`; a dry run's
+/// summary gives no rates.
+#[test]
+fn log_file_and_dry_run_summary() {
+    let t = disk_dir("logfile");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("a"), b"a");
+    write(&src.join("d/b"), b"b");
+    let log = t.path().join("sluice.log");
+    let out = copy(&src, &dst, &["--log-file", log.to_str().unwrap()]);
+    ok(&out);
+    assert!(
+        !stdout(&out).contains("(new)"),
+        "listed without -v: {}",
+        stdout(&out)
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    for want in ["copy ", "/a (new)", "/d/b (new)"] {
+        assert!(text.contains(want), "{want:?} not in the log:\n{text}");
+    }
+    write(&dst.join("extra"), b"x");
+    let out = sync(
+        &src,
+        &dst,
+        &["--delete", "-n", "--log-file", log.to_str().unwrap()],
+    );
+    ok(&out);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("would delete ") && text.contains("/extra"),
+        "{text}"
+    );
+    assert!(
+        stdout(&out).contains("dry run: nothing written"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        !stdout(&out).contains("/s"),
+        "rates in a dry run: {}",
+        stdout(&out)
+    );
+}
