@@ -148,6 +148,10 @@ pub struct JobArgs {
     pub src: PathBuf,
     /// Destination: receives SRC's contents (created if missing).
     pub dst: PathBuf,
+    /// More paths (copy and sync): `sluice copy A B DIR` copies each of the
+    /// sources A and B into DIR/A and DIR/B, and the last path is DST.
+    #[arg(value_name = "MORE")]
+    pub more: Vec<PathBuf>,
     /// Parallel streams, or `auto`: tuned while the job runs, starting at 8
     /// or where `sluice probe --save` found best for this pair [default: auto].
     #[arg(short = 'j', long = "jobs", value_name = "N|auto", value_parser = parse_jobs)]
@@ -492,6 +496,39 @@ impl JobArgs {
 }
 
 impl JobArgs {
+    /// Each source with the destination it is copied to: SRC and DST, or
+    /// with more paths, every path but the last into the last, each under
+    /// its own name (as `cp A B DIR` does).
+    pub fn pairs(&self) -> Result<Vec<(PathBuf, PathBuf)>, String> {
+        if self.more.is_empty() {
+            return Ok(vec![(self.src.clone(), self.dst.clone())]);
+        }
+        let mut all: Vec<&PathBuf> = vec![&self.src, &self.dst];
+        all.extend(&self.more);
+        let (dst, sources) = all.split_last().expect("at least three paths");
+        sources
+            .iter()
+            .map(|src| {
+                let name = std::fs::canonicalize(src)
+                    .ok()
+                    .and_then(|p| p.file_name().map(|n| n.to_owned()))
+                    .ok_or_else(|| format!("{} names no file or directory", src.display()))?;
+                Ok(((*src).clone(), dst.join(name)))
+            })
+            .collect()
+    }
+
+    /// Refuses more than one source, for commands that take exactly one.
+    pub fn one_pair(&self, command: &str) -> Result<(), String> {
+        match self.more.first() {
+            None => Ok(()),
+            Some(p) => Err(format!(
+                "`sluice {command}` takes one SRC and one DST (unexpected {})",
+                p.display()
+            )),
+        }
+    }
+
     /// A probe saved for this pair, which `-j auto` starts from.
     pub fn saved_probe(&self) -> Option<&crate::saved::Saved> {
         self.saved

@@ -196,9 +196,15 @@ pub enum Kind {
 
 /// Runs a job (`copy`, `sync`, `verify`) and returns its exit code.
 pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) -> ExitCode {
-    let opts = match opts {
-        Ok(o) => o,
-        Err(msg) => {
+    let pairs = match kind {
+        Kind::Verify => args
+            .one_pair("verify")
+            .map(|()| vec![(args.src.clone(), args.dst.clone())]),
+        Kind::Copy { .. } => args.pairs(),
+    };
+    let (opts, pairs) = match (opts, pairs) {
+        (Ok(o), Ok(p)) => (o, p),
+        (Err(msg), _) | (_, Err(msg)) => {
             eprintln!("sluice: error: {msg}");
             return ExitCode::from(2);
         }
@@ -233,14 +239,27 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
             copy_tick(&stats, start.elapsed())
         })
     });
-    let result = sluice_engine::copy(
-        &args.src,
-        &args.dst,
-        opts,
-        stats.clone(),
-        printer.clone(),
-        cancel,
-    );
+    // Several sources run one after another into the same counters, so
+    // one summary covers them all; a fatal error stops the rest.
+    let mut result = Ok(Outcome::Complete);
+    for (src, dst) in &pairs {
+        let one = sluice_engine::copy(
+            src,
+            dst,
+            opts.clone(),
+            stats.clone(),
+            printer.clone(),
+            cancel.clone(),
+        );
+        // (an earlier Err or Interrupted broke the loop already)
+        result = match (result, one) {
+            (Ok(Outcome::Partial), Ok(Outcome::Complete)) => Ok(Outcome::Partial),
+            (_, one) => one,
+        };
+        if !matches!(result, Ok(Outcome::Complete | Outcome::Partial)) {
+            break;
+        }
+    }
     done.store(true, Relaxed);
     if let Some(t) = ticker {
         let _ = t.join();

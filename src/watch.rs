@@ -128,6 +128,10 @@ pub fn run(args: &WatchArgs) -> ExitCode {
         eprintln!("sluice: error: {msg}");
         return ExitCode::from(2);
     }
+    if let Err(msg) = args.job.one_pair("watch") {
+        eprintln!("sluice: error: {msg}");
+        return ExitCode::from(2);
+    }
     if args.rescan.is_nan() || args.rescan <= 0.0 {
         eprintln!("sluice: error: --rescan must be a positive number of seconds");
         return ExitCode::from(2);

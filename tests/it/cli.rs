@@ -268,3 +268,31 @@ fn log_file_and_dry_run_summary() {
         stdout(&out)
     );
 }
+
+/// `sluice copy A B DIR`: each source lands under its own name in DIR, one
+/// summary for all.
+#[test]
+fn several_sources_go_into_the_last_path() {
+    let t = disk_dir("several");
+    let (a, b, f) = (t.path().join("a"), t.path().join("b"), t.path().join("f"));
+    write(&a.join("x"), b"x");
+    write(&b.join("y/z"), b"z");
+    write(&f, b"file");
+    let dir = t.path().join("dir");
+    let out = sluice()
+        .args(["copy", "--json", "--no-progress"])
+        .args([&a, &b, &f, &dir])
+        .output()
+        .unwrap();
+    ok(&out);
+    assert_eq!(std::fs::read(dir.join("a/x")).unwrap(), b"x");
+    assert_eq!(std::fs::read(dir.join("b/y/z")).unwrap(), b"z");
+    assert_eq!(std::fs::read(dir.join("f")).unwrap(), b"file");
+    assert_eq!(summary(&out)["files_copied"], 3);
+    let out = sluice()
+        .args(["verify", "--no-progress"])
+        .args([&a, &b, &dir])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+}
