@@ -173,6 +173,11 @@ pub struct JobArgs {
     /// Read --include patterns from FILE, as --exclude-from does.
     #[arg(long, value_name = "FILE")]
     pub include_from: Vec<PathBuf>,
+    /// Copy only the paths FILE lists, one per line, relative to SRC (a
+    /// listed directory with everything in it; `-` is stdin). Nothing else
+    /// is touched, --delete included.
+    #[arg(long, value_name = "FILE")]
+    pub files_from: Option<PathBuf>,
     /// Do not descend into directories on other file systems.
     #[arg(short = 'x', long)]
     pub one_file_system: bool,
@@ -231,6 +236,10 @@ pub struct CopyArgs {
     /// running sluice; the default when not root).
     #[arg(long)]
     pub no_owner: bool,
+    /// Do not copy permission bits: new entries get SRC's less the umask,
+    /// existing ones keep DST's, and modes are not compared.
+    #[arg(long)]
+    pub no_perms: bool,
     /// Do not copy extended attributes (nor POSIX ACLs, which are stored
     /// as extended attributes): for targets that cannot hold them.
     #[arg(long)]
@@ -455,6 +464,25 @@ fn with_patterns_from(given: &[String], files: &[PathBuf]) -> Result<Vec<String>
     Ok(all)
 }
 
+/// The paths `--files-from` lists: one per line, as bytes (any name Linux
+/// allows but one with a newline); blank lines and `#`/`;` comments skipped.
+fn paths_from(list: &std::path::Path) -> Result<Vec<Vec<u8>>, String> {
+    use std::io::Read;
+    let mut raw = Vec::new();
+    let read = if list.as_os_str() == "-" {
+        std::io::stdin().read_to_end(&mut raw)
+    } else {
+        std::fs::File::open(list).and_then(|mut f| f.read_to_end(&mut raw))
+    };
+    read.map_err(|e| format!("cannot read the list {}: {e}", list.display()))?;
+    Ok(raw
+        .split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .filter(|l| !l.is_empty() && l[0] != b'#' && l[0] != b';')
+        .map(<[u8]>::to_vec)
+        .collect())
+}
+
 impl JobArgs {
     /// The engine's options for these arguments.
     pub fn options(&self) -> Result<CopyOptions, String> {
@@ -468,7 +496,10 @@ impl JobArgs {
         }
         let exclude = with_patterns_from(&self.exclude, &self.exclude_from)?;
         let include = with_patterns_from(&self.include, &self.include_from)?;
-        let filter = Filter::new(&exclude, &include).map_err(|e| e.to_string())?;
+        let mut filter = Filter::new(&exclude, &include).map_err(|e| e.to_string())?;
+        if let Some(list) = &self.files_from {
+            filter = filter.only(&paths_from(list)?);
+        }
         let defaults = CopyOptions::default();
         let auto = matches!(self.jobs, None | Some(Jobs::Auto));
         let saved = self.saved_probe();
@@ -552,6 +583,7 @@ impl CopyArgs {
             fsync: self.fsync,
             checksum: self.checksum,
             size_only: self.size_only,
+            perms: !self.no_perms,
             update: self.update,
             ignore_existing: self.ignore_existing,
             preserve_owner: !self.no_owner && sluice_engine::CopyOptions::default().preserve_owner,

@@ -296,3 +296,60 @@ fn several_sources_go_into_the_last_path() {
         .unwrap();
     assert_eq!(code(&out), 2, "{}", stderr(&out));
 }
+
+/// `--files-from`: only the listed paths (a directory whole) are copied;
+/// with `--delete`, nothing outside them is removed.
+#[test]
+fn files_from_copies_only_what_is_listed() {
+    let t = disk_dir("filesfrom");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("a/b/wanted"), b"w");
+    write(&src.join("a/b/unwanted"), b"u");
+    write(&src.join("docs/x/y"), b"y");
+    write(&src.join("top"), b"t");
+    write(&dst.join("kept-extra"), b"not listed, not deleted");
+    let list = t.path().join("list");
+    write(&list, b"# what to copy\na/b/wanted\n./docs/\n");
+    let out = sync(
+        &src,
+        &dst,
+        &["--files-from", list.to_str().unwrap(), "--delete"],
+    );
+    ok(&out);
+    assert_eq!(std::fs::read(dst.join("a/b/wanted")).unwrap(), b"w");
+    assert_eq!(std::fs::read(dst.join("docs/x/y")).unwrap(), b"y");
+    assert!(!dst.join("a/b/unwanted").exists());
+    assert!(!dst.join("top").exists());
+    assert!(
+        dst.join("kept-extra").exists(),
+        "--delete reached outside the list"
+    );
+}
+
+/// `--no-perms`: new entries get SRC's bits less the umask, existing ones
+/// keep DST's mode, and a mode difference alone copies nothing.
+#[test]
+fn no_perms_leaves_modes_to_dst() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = disk_dir("noperms");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("open"), b"o");
+    write(&src.join("kept"), b"k");
+    std::fs::set_permissions(src.join("open"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    ok(&copy(&src, &dst, &[]));
+    std::fs::set_permissions(dst.join("kept"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::remove_file(dst.join("open")).unwrap();
+    let out = sluice()
+        .args(["copy", "--no-perms", "--json", "--no-progress"])
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .unwrap();
+    ok(&out);
+    let mode = |n: &str| std::fs::metadata(dst.join(n)).unwrap().permissions().mode() & 0o7777;
+    let umask = rustix::process::umask(rustix::fs::Mode::empty());
+    rustix::process::umask(umask);
+    assert_eq!(mode("open"), 0o777 & !umask.bits(), "umask not applied");
+    assert_eq!(mode("kept"), 0o600, "an existing entry's mode was changed");
+    assert_eq!(summary(&out)["files_copied"], 1, "{}", stdout(&out));
+}

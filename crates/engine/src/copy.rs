@@ -345,7 +345,7 @@ impl Worker {
         let src = sluice_sys::open_read_at(node.src.as_fd(), src_name)
             .map_err(|e| node.error(src_name, Side::Src, "open", Reason::Os(e)))?;
         self.doing(Activity::Write);
-        let pending = self.create_pending(node, dst_name, st.perm() & 0o1777)?;
+        let pending = self.create_pending(node, dst_name, self.shared.create_mode(st))?;
         let dst = pending.fd.as_fd();
         let mut size = st.size;
         if node.src_kind == sluice_sys::FsKind::Synthetic {
@@ -461,7 +461,7 @@ impl Worker {
         self.copy_owner_and_xattrs(node, dst_name, src, dst, st)?;
         let err = |op, e| node.error(dst_name, Side::Dst, op, Reason::Os(e));
         // chown cleared any set-id bits; put them back now that the owner is right.
-        if self.shared.opts.preserve_owner && st.perm() & 0o6000 != 0 {
+        if self.shared.opts.preserve_owner && self.shared.opts.perms && st.perm() & 0o6000 != 0 {
             sluice_sys::set_perm(dst, st.perm()).map_err(|e| err("chmod", e))?;
         }
         sluice_sys::set_times(dst, st).map_err(|e| err("set times", e))?;
@@ -500,7 +500,7 @@ impl Worker {
             },
         )?;
         // With --no-acls, what DST's default ACL hands down stays too.
-        if node.default_acl && set == sluice_sys::XattrSet::All {
+        if node.default_acl && set == sluice_sys::XattrSet::All && self.shared.opts.perms {
             self.drop_inherited_acls(node, name, src, dst, st)?;
         }
         Ok(())
@@ -529,7 +529,7 @@ impl Worker {
         let perm = if st.file_type() == FileType::Directory {
             0o700
         } else {
-            st.perm() & self.shared.opts.perm_mask()
+            self.shared.mode_for(st)
         };
         sluice_sys::set_perm(dst, perm).map_err(|e| err("chmod", e))
     }
@@ -761,7 +761,8 @@ impl Worker {
         if self.shared.opts.preserve_owner && !node.creates_owned_by(st) {
             sluice_sys::set_owner_at(node.dst(), tmp.as_cstr(), st).map_err(|e| err("chown", e))?;
         }
-        let acls = self.shared.opts.xattrs == Some(sluice_sys::XattrSet::All);
+        let acls =
+            self.shared.opts.xattrs == Some(sluice_sys::XattrSet::All) && self.shared.opts.perms;
         if node.default_acl && acls && st.file_type() != FileType::Symlink {
             // A FIFO or device node inherits ACLs too (SRC's own are not
             // copied for these: they cannot be opened to read them).
@@ -769,7 +770,7 @@ impl Worker {
                 sluice_sys::remove_xattr_at(node.dst(), tmp.as_cstr(), acl)
                     .map_err(|e| err("remove inherited ACL", e))?;
             }
-            let perm = st.perm() & self.shared.opts.perm_mask();
+            let perm = self.shared.mode_for(st);
             sluice_sys::set_perm_at(node.dst(), tmp.as_cstr(), perm)
                 .map_err(|e| err("chmod", e))?;
         }
@@ -966,7 +967,8 @@ impl Worker {
             (None, Some(fd)) => (None, fd, None, false, true),
             (None, None) => {
                 let tmp = TempName::new(&self.shared, node);
-                let dst = sluice_sys::create_excl_at(node.dst(), tmp.as_cstr(), st.perm() & 0o1777)
+                let mode = self.shared.create_mode(st);
+                let dst = sluice_sys::create_excl_at(node.dst(), tmp.as_cstr(), mode)
                     .map_err(|e| err("create temporary for", e))?;
                 let guard = TempGuard::new(node.dst(), tmp);
                 let cloned = self

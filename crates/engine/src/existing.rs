@@ -104,8 +104,8 @@ impl Worker {
             sh.stats.unchanged.fetch_add(1, Relaxed);
             return true;
         }
-        let differences = || compare::differences(st, &dst, sh.opts.perm_mask(), owners);
-        match compare::verdict(st, &dst, sh.opts.perm_mask(), owners, sh.opts.size_only) {
+        let differences = || compare::differences(st, &dst, sh.opts.cmp_mask(), owners);
+        match compare::verdict(st, &dst, sh.opts.cmp_mask(), owners, sh.opts.size_only) {
             Verdict::Replace => {
                 self.why = differences();
                 return false;
@@ -162,7 +162,7 @@ impl Worker {
             self.why.push(why);
             return false;
         }
-        if !compare::meta_same(st, &dst, sh.opts.perm_mask(), owners) {
+        if !compare::meta_same(st, &dst, sh.opts.cmp_mask(), owners) {
             if !sh.opts.dry_run {
                 if let Err(e) = self.fix_meta(node, dst_name, st) {
                     // Not fixable in place (say, a file DST cannot open): copy it.
@@ -202,7 +202,10 @@ impl Worker {
         if owners {
             sluice_sys::set_owner(fd.as_fd(), st)?;
         }
-        sluice_sys::set_perm(fd.as_fd(), st.perm() & self.shared.opts.perm_mask())
+        if !self.shared.opts.perms {
+            return Ok(()); // --no-perms: DST's mode stays
+        }
+        sluice_sys::set_perm(fd.as_fd(), self.shared.mode_for(st))
     }
 
     /// Whether a file's extended attributes (and ACLs) match DST's. Asked

@@ -104,6 +104,10 @@ pub struct CopyOptions {
     /// none (`--no-xattrs`, ACLs included, since they are stored as
     /// extended attributes).
     pub xattrs: Option<sluice_sys::XattrSet>,
+    /// Copy permission bits (`--no-perms` clears it: new entries get SRC's
+    /// bits less the umask, existing ones keep DST's, and the quick check
+    /// ignores modes).
+    pub perms: bool,
     /// The quick check compares sizes only, not mtimes (`--size-only`).
     pub size_only: bool,
     /// Leave alone a DST file newer than its source (`--update`).
@@ -179,6 +183,7 @@ impl Default for CopyOptions {
             dst_locked: false,
             verbose: false,
             xattrs: Some(sluice_sys::XattrSet::All),
+            perms: true,
             size_only: false,
             update: false,
             ignore_existing: false,
@@ -196,6 +201,15 @@ impl CopyOptions {
         p.push(b'/');
         p.extend_from_slice(&rel);
         p
+    }
+
+    /// Permission bits the quick check compares (none with `--no-perms`).
+    pub(crate) fn cmp_mask(&self) -> u32 {
+        if self.perms {
+            self.perm_mask()
+        } else {
+            0
+        }
     }
 
     /// Permission bits that may be set: set-id bits only with owners kept.
@@ -415,6 +429,8 @@ pub(crate) struct Shared {
     tmp_seq: AtomicU64,
     /// Resume state of big files; `None` in a dry run.
     pub journal: Option<Journal>,
+    /// The user's umask, cleared for the job (`--no-perms` applies it).
+    pub umask: u32,
     /// Whether `--delete` removes what it finds (a dry run only counts,
     /// except in the walk that frees a full disk).
     pub deletes_for_real: bool,
@@ -438,6 +454,22 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The mode an entry made from `st` gets: SRC's (set-id bits only with
+    /// owners kept), or with `--no-perms` SRC's less the umask.
+    pub fn mode_for(&self, st: &Stat) -> u32 {
+        if self.opts.perms {
+            st.perm() & self.opts.perm_mask()
+        } else {
+            st.perm() & 0o777 & !self.umask
+        }
+    }
+
+    /// The mode a file is created with before its owner is set (set-id
+    /// bits come after the chown, which would clear them).
+    pub fn create_mode(&self, st: &Stat) -> u32 {
+        self.mode_for(st) & 0o1777
+    }
+
     /// Whether this job changes DST (not a dry run, not `verify`).
     pub fn writes(&self) -> bool {
         !self.opts.dry_run && !self.checking()
@@ -663,7 +695,7 @@ fn run(
     };
     // After the roots exist (created with the user's umask, like mkdir -p):
     // from here on every mode is given explicitly and must not be masked.
-    sluice_sys::clear_umask();
+    let umask = sluice_sys::clear_umask();
     let jobs = budget.jobs;
     let src_stat =
         sluice_sys::stat_fd(sluice_sys::fd(&roots.src_fd)).map_err(|e| JobError::Source {
@@ -732,6 +764,7 @@ fn run(
         tmp_seq: AtomicU64::new(0),
         journal,
         deletes_for_real: pass == Pass::FreeSpace || !opts.dry_run,
+        umask,
         src_root_entries: AtomicU64::new(0),
         dst_root_entries: AtomicU64::new(0),
         extras: Mutex::new(Vec::new()),

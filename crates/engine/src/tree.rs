@@ -89,15 +89,17 @@ impl DirNode {
         let Some(dst) = &self.dst else { return Ok(()) };
         let dst = dst.as_fd();
         let opts = &self.shared.opts;
-        let perm = self.stat.perm() & opts.perm_mask();
+        let perm = self.shared.mode_for(&self.stat);
         // A directory that existed is only touched where it differs, so a
-        // re-run over an unchanged tree changes no ctime.
+        // re-run over an unchanged tree changes no ctime; with --no-perms
+        // its mode is DST's business.
         let now = if self.existed {
             Some(sluice_sys::stat_fd(dst).map_err(|e| ("stat", e))?)
         } else {
             None
         };
-        if now.is_none_or(|now| now.perm() != perm) {
+        let keep_mode = now.is_some() && !opts.perms;
+        if !keep_mode && now.is_none_or(|now| now.perm() != perm) {
             sluice_sys::set_perm(dst, perm).map_err(|e| ("chmod", e))?;
         }
         if now.is_none_or(|now| crate::compare::dir_times_differ(&self.stat, &now)) {

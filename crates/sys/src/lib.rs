@@ -738,8 +738,9 @@ pub fn raise_fd_limit() {
 
 /// Clears the process umask so created entries get exactly the modes asked
 /// for; sluice sets every mode explicitly from the source.
-pub fn clear_umask() {
-    rustix::process::umask(Mode::empty());
+/// Returns the umask it replaced.
+pub fn clear_umask() -> u32 {
+    rustix::process::umask(Mode::empty()).bits()
 }
 
 /// Writes all dirty data out and drops the page cache (needs root), so a

@@ -33,6 +33,17 @@ pub struct Filter {
     exclude: Side,
     include: Side,
     needs_path: bool,
+    /// `--files-from`: only these paths (and what is below them, and the
+    /// directories leading to them) are part of the job.
+    only: Option<std::sync::Arc<Only>>,
+}
+
+/// The paths a `--files-from` list names, relative to SRC.
+#[derive(Default)]
+struct Only {
+    listed: std::collections::HashSet<Vec<u8>>,
+    /// Every directory on the way to a listed path.
+    leading: std::collections::HashSet<Vec<u8>>,
 }
 
 impl Filter {
@@ -47,12 +58,38 @@ impl Filter {
             exclude,
             include,
             needs_path,
+            only: None,
         })
+    }
+
+    /// Limits the job to `paths` (relative to SRC, as `--files-from` lists
+    /// them; a leading `/` or `./` is dropped): a listed file, a listed
+    /// directory with everything in it, and the directories that lead to
+    /// them. Everything else is excluded, so `--delete` leaves it alone.
+    pub fn only(mut self, paths: &[Vec<u8>]) -> Filter {
+        let mut only = Only::default();
+        for p in paths {
+            let parts: Vec<&[u8]> = p
+                .split(|&b| b == b'/')
+                .filter(|c| !c.is_empty() && *c != b".")
+                .collect();
+            if parts.is_empty() {
+                continue;
+            }
+            for i in 1..parts.len() {
+                only.leading.insert(parts[..i].join(&b'/'));
+            }
+            only.listed.insert(parts.join(&b'/'));
+        }
+        self.only = Some(std::sync::Arc::new(only));
+        self.needs_path = true;
+        self
     }
 
     /// True when no pattern was given: callers skip the per-entry check.
     pub fn is_empty(&self) -> bool {
-        self.exclude.by_name.is_none()
+        self.only.is_none()
+            && self.exclude.by_name.is_none()
             && self.exclude.by_path.is_none()
             && self.exclude.dir_by_name.is_none()
             && self.exclude.dir_by_path.is_none()
@@ -67,7 +104,26 @@ impl Filter {
     /// Whether an entry is skipped. `rel` is its path relative to SRC; it is
     /// only read when [`Filter::needs_path`] is true.
     pub fn excludes(&self, name: &[u8], rel: &[u8], is_dir: bool) -> bool {
+        if let Some(only) = &self.only {
+            if !only.admits(rel, is_dir) {
+                return true;
+            }
+        }
         self.exclude.matches(name, rel, is_dir) && !self.include.matches(name, rel, is_dir)
+    }
+}
+
+impl Only {
+    /// A listed path, a directory leading to one, or anything below a
+    /// listed directory.
+    fn admits(&self, rel: &[u8], is_dir: bool) -> bool {
+        if self.listed.contains(rel) || (is_dir && self.leading.contains(rel)) {
+            return true;
+        }
+        rel.iter()
+            .enumerate()
+            .filter(|&(_, &b)| b == b'/')
+            .any(|(i, _)| self.listed.contains(&rel[..i]))
     }
 }
 
@@ -143,6 +199,26 @@ mod tests {
         assert!(f.excludes(b"other.log", b"other.log", false));
         assert!(f.excludes(b"cache", b"a/cache", true));
         assert!(!f.excludes(b"cache", b"a/cache", false));
+    }
+
+    #[test]
+    fn files_from_admits_listed_paths_their_parents_and_contents() {
+        let f = Filter::new(&[], &[])
+            .unwrap()
+            .only(&[b"a/b/file".to_vec(), b"./docs/".to_vec()]);
+        assert!(!f.excludes(b"a", b"a", true), "leads to a listed file");
+        assert!(!f.excludes(b"b", b"a/b", true));
+        assert!(!f.excludes(b"file", b"a/b/file", false));
+        assert!(f.excludes(b"other", b"a/b/other", false));
+        assert!(
+            f.excludes(b"a", b"a", false),
+            "a file named like a leading dir"
+        );
+        assert!(
+            !f.excludes(b"x", b"docs/deep/x", false),
+            "inside a listed dir"
+        );
+        assert!(f.excludes(b"top", b"top", false));
     }
 
     #[test]
