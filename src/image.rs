@@ -148,7 +148,7 @@ fn summary_json(
         );
         m.insert("streams".into(), json!(r.streams));
         m.insert("stream_seconds".into(), busy_json(&r.busy));
-        m.insert("bottleneck".into(), json!(r.busy.verdict()));
+        m.insert("bottleneck".into(), json!(image_verdict(r, elapsed)));
     }
     v
 }
@@ -193,9 +193,14 @@ fn summary_table(s: &ImageStats, r: &ImageReport, elapsed: Duration) -> String {
         human_bytes(s.bytes_written.load(Relaxed) as f64),
         s.errors.load(Relaxed),
     );
-    out += &busy_line(&r.busy);
+    out += &busy_line(&r.busy, image_verdict(r, elapsed));
     if let Some(map) = &r.map {
         out += &format!("chunk map: {}\n", map.display());
     }
     out
+}
+
+/// What bounded an image job; nothing for one too short to judge.
+fn image_verdict(r: &ImageReport, elapsed: Duration) -> Option<&'static str> {
+    (elapsed >= sluice_engine::JUDGE_AFTER).then(|| r.busy.verdict())
 }

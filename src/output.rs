@@ -266,7 +266,11 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
     }
     printer.flush_log();
     let summary = stats.summary(start.elapsed());
+    let verify = kind == Kind::Verify;
     let (code, outcome) = match &result {
+        Ok(Outcome::Complete) if verify => (0, "identical"),
+        // Differences, or entries that could not be compared (also listed).
+        Ok(Outcome::Partial) if verify && summary.errors == 0 => (1, "differs"),
         Ok(Outcome::Complete) => (0, "complete"),
         Ok(Outcome::Partial) => (1, "partial"),
         Ok(Outcome::Interrupted) => (130, "interrupted"),
@@ -520,6 +524,10 @@ fn copy_tick(stats: &Stats, elapsed: Duration) -> Tick {
     }
 }
 
+/// The version of the `--json` objects' fields: raised when a field changes
+/// meaning or goes away (new fields do not raise it).
+pub const SCHEMA: u32 = 1;
+
 /// The `{"type":"summary", ...}` object closing a `--json` stream.
 pub fn summary_json(s: &Summary, outcome: &str, kind: Kind) -> serde_json::Value {
     let secs = s.elapsed.as_secs_f64();
@@ -529,6 +537,8 @@ pub fn summary_json(s: &Summary, outcome: &str, kind: Kind) -> serde_json::Value
     };
     let mut v = json!({
         "type": "summary",
+        "schema": SCHEMA,
+        "dry_run": kind == (Kind::Copy { dry_run: true }),
         "outcome": outcome,
         "files_copied": copied,
         "bytes_copied": bytes,
@@ -566,7 +576,7 @@ pub fn summary_json(s: &Summary, outcome: &str, kind: Kind) -> serde_json::Value
         m.insert("streams_trace".into(), json!(s.streams_trace));
         m.insert("chunk_streams_trace".into(), json!(s.chunk_streams_trace));
     }
-    m.insert("bottleneck".into(), json!(s.busy.verdict()));
+    m.insert("bottleneck".into(), json!(s.bottleneck()));
     m.insert("max_rss_bytes".into(), json!(s.peak_rss));
     v
 }
@@ -590,11 +600,11 @@ pub fn busy_json(b: &Busy) -> serde_json::Value {
 }
 
 /// Where the streams' time went, as shares, and the verdict.
-pub fn busy_line(b: &Busy) -> String {
+pub fn busy_line(b: &Busy, verdict: Option<&str>) -> String {
     let total = b.total();
-    if total <= 0.0 {
-        return String::new();
-    }
+    let Some(verdict) = verdict.filter(|_| total > 0.0) else {
+        return String::new(); // too short to say anything true
+    };
     let pct = |x: f64| (100.0 * x / total).round();
     format!(
         "streams: {}% walk, {}% read, {}% write, {}% kernel copy, {}% journal, {}% idle: {}\n",
@@ -604,7 +614,7 @@ pub fn busy_line(b: &Busy) -> String {
         pct(b.copy),
         pct(b.journal),
         pct(b.idle),
-        b.verdict()
+        verdict
     )
 }
 
@@ -659,7 +669,7 @@ pub fn summary_table(s: &Summary, kind: Kind) -> String {
         human_bytes(rate(s.bytes_copied as f64, s.elapsed)),
         per_s(s.files_copied as f64, s.elapsed)
     );
-    t += &busy_line(&s.busy);
+    t += &busy_line(&s.busy, s.bottleneck());
     if s.peak_rss > 0 {
         t += &format!("peak memory {}\n", human_bytes(s.peak_rss as f64));
     }
@@ -697,6 +707,7 @@ mod tests {
             streams_trace: Vec::new(),
             chunk_streams_trace: Vec::new(),
             errors: 5,
+            throttle_wait: Duration::ZERO,
             elapsed: Duration::from_millis(21_540),
         }
     }
@@ -727,7 +738,7 @@ mod tests {
     #[test]
     fn summary_json_snapshot() {
         let got = summary_json(&sample(), "partial", Kind::Copy { dry_run: false }).to_string();
-        let want = r#"{"type":"summary","outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"deleted":7,"retries":0,"files_per_s":9285.0,"bytes_per_s":9507892.0,"stream_seconds":{"walk":10.0,"read":20.0,"write":60.0,"kernel_copy":5.0,"journal_wait":4.0,"idle":1.0,"parked":0.0},"streams":8,"bottleneck":"bound by target writes: more streams help only while the target has latency to hide","max_rss_bytes":0}"#;
+        let want = r#"{"type":"summary","schema":1,"dry_run":false,"outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"deleted":7,"retries":0,"files_per_s":9285.0,"bytes_per_s":9507892.0,"stream_seconds":{"walk":10.0,"read":20.0,"write":60.0,"kernel_copy":5.0,"journal_wait":4.0,"idle":1.0,"parked":0.0},"streams":8,"bottleneck":"bound by target writes: more streams help only while the target has latency to hide","max_rss_bytes":0}"#;
         assert_eq!(got, want);
     }
 

@@ -353,3 +353,27 @@ fn no_perms_leaves_modes_to_dst() {
     assert_eq!(mode("kept"), 0o600, "an existing entry's mode was changed");
     assert_eq!(summary(&out)["files_copied"], 1, "{}", stdout(&out));
 }
+
+/// The JSON summary says which schema it follows and whether it was a dry
+/// run; verify's outcome is "identical" or "differs".
+#[test]
+fn json_summary_fields_a_script_can_trust() {
+    let t = disk_dir("jsonfields");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("a"), b"a");
+    let s = summary(&copy(&src, &dst, &["-n", "--json"]));
+    assert_eq!(
+        (s["schema"].clone(), s["dry_run"].clone()),
+        (1.into(), true.into()),
+        "{s}"
+    );
+    let s = summary(&copy(&src, &dst, &["--json"]));
+    assert_eq!(s["dry_run"], false, "{s}");
+    let out = run_cmd("verify", &src, &dst, &["--json"]);
+    ok(&out);
+    assert_eq!(summary(&out)["outcome"], "identical");
+    write(&dst.join("a"), b"b");
+    let out = run_cmd("verify", &src, &dst, &["--json"]);
+    assert_eq!(code(&out), 1);
+    assert_eq!(summary(&out)["outcome"], "differs");
+}

@@ -551,13 +551,24 @@ fn the_summary_says_where_the_streams_spent_their_time() {
     for i in 0..200 {
         write(&src.join(format!("small/f{i}")), &bytes(3000, i));
     }
+    // Held to 100 MB/s so the job lasts long enough to be judged (a run
+    // under 0.3 s gets no verdict), and then the limit is what bound it.
     let out = copy(
         &src,
         &t.path().join("dst"),
-        &["-j", "3", "--json", "--chunk-size", "4M"],
+        &[
+            "-j",
+            "3",
+            "--json",
+            "--chunk-size",
+            "4M",
+            "--bwlimit",
+            "100MB/s",
+        ],
     );
     ok(&out);
     let s = summary(&out);
+    assert_eq!(s["bottleneck"], "bound by --bwlimit", "{s}");
     let spent: f64 = s["stream_seconds"]
         .as_object()
         .unwrap()
@@ -574,6 +585,17 @@ fn the_summary_says_where_the_streams_spent_their_time() {
         "{s}"
     );
     // and the human table ends with the same report
-    let out = copy(&src, &t.path().join("dst2"), &["-j", "3"]);
+    let out = copy(
+        &src,
+        &t.path().join("dst2"),
+        &["-j", "3", "--bwlimit", "100MB/s"],
+    );
     assert!(stdout(&out).contains("streams: "), "{}", stdout(&out));
+    // A run too short to judge says nothing about what bounded it.
+    let out = copy(&src, &t.path().join("dst2"), &["--json"]);
+    ok(&out);
+    assert!(summary(&out)["bottleneck"].is_null(), "{}", stdout(&out));
+    assert!(!copy(&src, &t.path().join("dst2"), &[])
+        .stdout
+        .starts_with(b"streams"));
 }

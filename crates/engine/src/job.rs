@@ -250,6 +250,8 @@ pub struct Stats {
     pub busy: Mutex<Busy>,
     /// Streams in use at the end (what `-j auto` settled on).
     pub streams: AtomicU64,
+    /// Stream-nanoseconds spent waiting for `--bwlimit`.
+    pub throttle_wait_ns: AtomicU64,
     /// With `-j auto`: the streams in use at the start and after each
     /// tuning step.
     pub streams_trace: Mutex<Vec<u32>>,
@@ -305,6 +307,7 @@ impl Stats {
             streams_trace: self.streams_trace.lock().expect("trace lock").clone(),
             chunk_streams_trace: self.chunk_streams_trace.lock().expect("trace lock").clone(),
             errors: self.errors.load(Relaxed),
+            throttle_wait: Duration::from_nanos(self.throttle_wait_ns.load(Relaxed)),
             elapsed,
         }
     }
@@ -340,7 +343,28 @@ pub struct Summary {
     /// With `-j auto`: how many of them could copy chunks of big files.
     pub chunk_streams_trace: Vec<u32>,
     pub errors: u64,
+    /// Stream-time spent waiting for `--bwlimit`.
+    pub throttle_wait: Duration,
     pub elapsed: Duration,
+}
+
+/// Jobs shorter than this get no bottleneck verdict: a handful of samples
+/// say nothing (every no-op run used to end "fewer streams would do").
+pub const JUDGE_AFTER: Duration = Duration::from_millis(300);
+
+impl Summary {
+    /// What bounded the job, in words; `None` when it was too short to
+    /// judge. A job that spent much of its stream-time waiting for
+    /// `--bwlimit` was bound by it, whatever else the streams did.
+    pub fn bottleneck(&self) -> Option<&'static str> {
+        if self.elapsed < JUDGE_AFTER {
+            return None;
+        }
+        if self.throttle_wait.as_secs_f64() >= 0.5 * self.elapsed.as_secs_f64() {
+            return Some("bound by --bwlimit");
+        }
+        Some(self.busy.verdict())
+    }
 }
 
 /// How a job that was not stopped by a fatal error ended.
@@ -851,6 +875,10 @@ fn run(
         .streams
         .store(shared.gate.target() as u64, Relaxed);
     *shared.stats.busy.lock().expect("busy lock") = shared.gauge.busy(started.elapsed());
+    if let Some(t) = &shared.throttle {
+        let ns = t.waited().as_nanos() as u64;
+        shared.stats.throttle_wait_ns.fetch_add(ns, Relaxed);
+    }
     // Streams are gone; anything still queued (after a stop) is dropped here,
     // which removes its temporaries.
     drop(shared.queue.close());

@@ -22,6 +22,9 @@ pub struct Throttle {
     state: Mutex<(f64, Instant)>,
     /// Any of these set ends a wait.
     cancel: [Arc<AtomicBool>; 2],
+    /// Nanoseconds streams spent waiting here, summed over streams: how
+    /// much the limit held the job back.
+    waited: std::sync::atomic::AtomicU64,
 }
 
 impl Throttle {
@@ -34,6 +37,7 @@ impl Throttle {
             burst: rate / 10.0,
             state: Mutex::new((0.0, Instant::now())),
             cancel,
+            waited: Default::default(),
         }
     }
 
@@ -51,16 +55,25 @@ impl Throttle {
             }
             -s.0 / self.rate
         };
-        let until = Instant::now() + Duration::from_secs_f64(wait);
-        loop {
+        let start = Instant::now();
+        let until = start + Duration::from_secs_f64(wait);
+        let done = loop {
             if self.cancelled() {
-                return false;
+                break false;
             }
             let Some(left) = until.checked_duration_since(Instant::now()) else {
-                return true;
+                break true;
             };
             std::thread::sleep(left.min(NAP));
-        }
+        };
+        let ns = start.elapsed().as_nanos() as u64;
+        self.waited.fetch_add(ns, Relaxed);
+        done
+    }
+
+    /// Stream-time spent waiting for the limit so far.
+    pub fn waited(&self) -> Duration {
+        Duration::from_nanos(self.waited.load(Relaxed))
     }
 
     fn cancelled(&self) -> bool {
