@@ -59,7 +59,7 @@ def run_probe(src, dst, save_to=None):
     bench.drop_caches()
     env = dict(os.environ, XDG_STATE_HOME=save_to or "/nonexistent")
     t0 = time.time()
-    out = subprocess.run([SLUICE, "probe", src, dst, "--json"] + (["--save"] if save_to else []),
+    out = subprocess.run([SLUICE, "probe", src, dst, "--json", "--cold"] + (["--save"] if save_to else []),
                          capture_output=True, text=True, env=env)
     secs = time.time() - t0
     recs = [json.loads(l) for l in out.stdout.splitlines() if '"recommendation"' in l]

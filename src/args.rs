@@ -310,9 +310,14 @@ pub struct ProbeArgs {
     /// One JSON object per trial and per recommendation on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Keep the page cache between trials (by default, as root, it is
-    /// dropped so every trial reads from the disk as a real job would).
+    /// Drop the page cache before every trial (as root), so each reads
+    /// from the disk as a cold job would. It drops the whole machine's
+    /// cache, which slows everything else running there, so it is asked
+    /// for, never done by default.
     #[arg(long)]
+    pub cold: bool,
+    /// (The default now; kept so older scripts still run.)
+    #[arg(long, hide = true, conflicts_with = "cold")]
     pub warm: bool,
     /// Keep the recommendation (in ~/.local/state/sluice/probes.json):
     /// later `-j auto` jobs between these file systems start from it.

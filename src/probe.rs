@@ -83,9 +83,9 @@ pub fn run(args: &ProbeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let cold = !args.warm && sluice_engine::can_drop_caches();
-    if !cold && !args.warm && !args.json {
-        eprintln!("sluice: not root: trials after the first read a warm page cache");
+    let cold = args.cold && sluice_engine::can_drop_caches();
+    if args.cold && !cold {
+        eprintln!("sluice: --cold needs root to drop the page cache; trials read a warm one");
     }
     let mut seq = 0;
     let mut picks = Vec::new();

@@ -16,6 +16,8 @@ struct WatchPrinter {
     json: bool,
     quiet: bool,
     entries: Arc<Printer>,
+    /// Said once, after the first sync: the watch is alive.
+    told_alive: std::sync::atomic::AtomicBool,
 }
 
 impl Reporter for WatchPrinter {
@@ -70,6 +72,12 @@ impl WatchReporter for WatchPrinter {
                 "lag_max_s": ms(quantile(&p.lags, 1.0)),
             }));
         }
+        let first = !self
+            .told_alive
+            .swap(true, std::sync::atomic::Ordering::Relaxed);
+        if first && self.json {
+            line(json!({"type": "watching", "dirs": p.watching}));
+        }
         if self.quiet {
             return;
         }
@@ -88,13 +96,20 @@ impl WatchReporter for WatchPrinter {
             )
         };
         eprintln!(
-            "sluice: watch: {what}: {} files ({}) copied, {} deleted, {} errors in {:.2} s{lag}",
+            "sluice: watch: {} {what}: {} files ({}) copied, {} deleted, {} errors in {:.2} s{lag}",
+            clock(),
             s.files_copied,
             human_bytes(s.bytes_copied as f64),
             s.deleted,
             s.errors,
             s.elapsed.as_secs_f64()
         );
+        if first {
+            eprintln!(
+                "sluice: watch: watching {} directories; Ctrl-C to stop",
+                p.watching
+            );
+        }
     }
 
     fn unavailable(&self, side: Side, why: &str) {
@@ -148,6 +163,7 @@ pub fn run(args: &WatchArgs) -> ExitCode {
         json: args.job.show.json,
         quiet: args.job.show.no_progress && args.job.show.json,
         entries,
+        told_alive: Default::default(),
     });
     let wopts = WatchOptions {
         rescan: Duration::from_secs_f64(args.rescan),
@@ -219,4 +235,13 @@ fn summary(t: &Totals, elapsed: Duration, json_out: bool) {
             quantile(&lags, 1.0)
         );
     }
+}
+
+/// The time of day, UTC, for a pass line (`14:03:27Z`).
+fn clock() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let day = secs % 86_400;
+    format!("{:02}:{:02}:{:02}Z", day / 3600, day / 60 % 60, day % 60)
 }

@@ -295,3 +295,16 @@ fn a_directory_replaced_by_a_file_is_not_copied_into_itself() {
     });
     drop(w);
 }
+
+/// After its first sync a watch says it is alive and how much it watches.
+#[test]
+fn a_watch_says_it_is_watching_after_the_first_sync() {
+    let t = disk_dir("alive");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("a/b/f"), b"f");
+    let w = Watch::start(&src, &dst, &[]);
+    let v = w.wait_for("the watching line", |v| v["type"] == "watching");
+    assert_eq!(v["dirs"], 3, "{v}"); // src, a, a/b
+    let (code, _) = w.stop();
+    assert_eq!(code, 0);
+}

@@ -69,6 +69,8 @@ pub struct Pass {
     /// Seconds from each covered change to the end of the pass, sorted.
     pub lags: Vec<f64>,
     pub summary: Summary,
+    /// Directories of SRC watched after the pass.
+    pub watching: usize,
 }
 
 /// What a watch tells its caller as it goes.
@@ -257,6 +259,7 @@ pub fn watch(
         dst_id,
         src_id,
         full_needed: false,
+        watching: 0,
         options,
         reporter,
         cancel,
@@ -343,6 +346,7 @@ pub fn watch(
             w.reporter.available();
             full_due.get_or_insert("DST is back");
         }
+        w.watching = watches.rel.len();
         let result = match full_due {
             Some(reason) => {
                 // The full pass covers every dirty directory too.
@@ -403,6 +407,8 @@ struct Watcher<'a> {
     src_id: (u64, u64),
     /// A pass found DST in a shape only a full pass mends.
     full_needed: bool,
+    /// Directories watched now, for the pass report.
+    watching: usize,
     /// A pass's job options; `true` for a full pass.
     options: &'a dyn Fn(bool) -> CopyOptions,
     reporter: Arc<dyn WatchReporter>,
@@ -565,6 +571,7 @@ impl Watcher<'_> {
             changes: seen.len(),
             lags,
             summary,
+            watching: self.watching,
         });
     }
 }
