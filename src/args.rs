@@ -33,12 +33,18 @@ pub enum Command {
     /// file system mounted in DST) and --max-delete N.
     Sync(SyncArgs),
     /// Compare SRC and DST content (and metadata); change nothing.
+    #[command(
+        mut_arg("src", |a| a.help("The tree (or file) to compare against: the original")),
+        mut_arg("dst", |a| a.help("The tree (or file) compared with SRC: the copy")),
+        mut_arg("more", |a| a.hide(true))
+    )]
     Verify(VerifyArgs),
     /// Block-level copy of a block device or image file; run again, it
     /// writes only the chunks that changed.
     Image(ImageArgs),
     /// Sync, then keep DST current as SRC changes (inotify, with periodic
     /// full rescans); stop with Ctrl-C.
+    #[command(mut_arg("more", |a| a.hide(true)))]
     ///
     /// A watch mirrors, so deletes propagate by default: a replica that kept
     /// every file SRC removed would drift from SRC without bound, and the one

@@ -54,13 +54,16 @@ impl Reporter for Printer {
         self.say(&format!("sluice: skipped {}: {why}", escape(path)));
     }
 
-    fn entry_differs(&self, path: &[u8], what: &str) {
+    fn entry_differs(&self, side: Side, src: &[u8], dst: &[u8], what: &str) {
+        let path = if side == Side::Src { src } else { dst };
         if self.json {
-            let line = json!({"type": "difference", "path": escape(path), "what": what});
+            let line = json!({"type": "difference", "path": escape(path), "src": escape(src),
+                              "dst": escape(dst), "what": what});
             let _ = writeln!(std::io::stdout().lock(), "{line}");
         }
-        self.log(&format!("differs {}: {what}", escape(path)));
-        self.say(&format!("sluice: differs: {}: {what}", escape(path)));
+        let both = format!("{} vs {}", escape(src), escape(dst));
+        self.log(&format!("differs {both}: {what}"));
+        self.say(&format!("sluice: differs: {both}: {what}"));
     }
 
     fn entry_deleted(&self, path: &[u8]) {
@@ -553,6 +556,7 @@ pub fn summary_json(s: &Summary, outcome: &str, kind: Kind) -> serde_json::Value
             "hardlinks": s.hardlinks,
             "specials": s.specials,
             "files_unchanged": s.unchanged,
+            "files_excluded": s.files_skipped - s.unchanged,
             "deleted": s.deleted,
             "retries": s.retries,
             "files_per_s": rate(s.files_copied as f64, s.elapsed).round(),
@@ -640,8 +644,10 @@ pub fn summary_table(s: &Summary, kind: Kind) -> String {
             ("symlinks", s.symlinks),
             ("hard links", s.hardlinks),
             ("special files", s.specials),
-            ("unchanged", s.unchanged),
-            ("skipped", s.files_skipped - s.unchanged),
+            // The same words as the JSON: skipped = unchanged + excluded.
+            ("skipped", s.files_skipped),
+            ("  unchanged", s.unchanged),
+            ("  excluded", s.files_skipped - s.unchanged),
             ("deleted", s.deleted),
             ("failed", s.errors),
         ],
@@ -721,8 +727,9 @@ mod tests {
             "symlinks                   3\n",
             "hard links                 2\n",
             "special files              1\n",
-            "unchanged                  6\n",
-            "skipped                    4\n",
+            "skipped                   10\n",
+            "  unchanged                6\n",
+            "  excluded                 4\n",
             "deleted                    7\n",
             "failed                     5\n",
             "time 21.54 s, 9.1 MiB/s, 9285 files/s\n",
@@ -738,7 +745,7 @@ mod tests {
     #[test]
     fn summary_json_snapshot() {
         let got = summary_json(&sample(), "partial", Kind::Copy { dry_run: false }).to_string();
-        let want = r#"{"type":"summary","schema":1,"dry_run":false,"outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"deleted":7,"retries":0,"files_per_s":9285.0,"bytes_per_s":9507892.0,"stream_seconds":{"walk":10.0,"read":20.0,"write":60.0,"kernel_copy":5.0,"journal_wait":4.0,"idle":1.0,"parked":0.0},"streams":8,"bottleneck":"bound by target writes: more streams help only while the target has latency to hide","max_rss_bytes":0}"#;
+        let want = r#"{"type":"summary","schema":1,"dry_run":false,"outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"files_excluded":4,"deleted":7,"retries":0,"files_per_s":9285.0,"bytes_per_s":9507892.0,"stream_seconds":{"walk":10.0,"read":20.0,"write":60.0,"kernel_copy":5.0,"journal_wait":4.0,"idle":1.0,"parked":0.0},"streams":8,"bottleneck":"bound by target writes: more streams help only while the target has latency to hide","max_rss_bytes":0}"#;
         assert_eq!(got, want);
     }
 

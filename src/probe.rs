@@ -20,7 +20,7 @@ impl Reporter for Quiet {
     fn entry_failed(&self, _: &EntryError) {}
     fn entry_skipped(&self, _: &[u8], _: &str) {}
     fn entry_deleted(&self, _: &[u8]) {}
-    fn entry_differs(&self, _: &[u8], _: &str) {}
+    fn entry_differs(&self, _: sluice_engine::Side, _: &[u8], _: &[u8], _: &str) {}
     fn notice(&self, _: &[u8], _: &str) {}
     fn entry_changed(&self, _: &[u8], _: &str, _: &[&'static str]) {}
 }

@@ -30,8 +30,8 @@ impl Reporter for WatchPrinter {
     fn entry_deleted(&self, path: &[u8]) {
         self.entries.entry_deleted(path)
     }
-    fn entry_differs(&self, path: &[u8], what: &str) {
-        self.entries.entry_differs(path, what)
+    fn entry_differs(&self, side: Side, src: &[u8], dst: &[u8], what: &str) {
+        self.entries.entry_differs(side, src, dst, what)
     }
     fn notice(&self, path: &[u8], what: &str) {
         self.entries.notice(path, what)

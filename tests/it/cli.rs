@@ -377,3 +377,20 @@ fn json_summary_fields_a_script_can_trust() {
     assert_eq!(code(&out), 1);
     assert_eq!(summary(&out)["outcome"], "differs");
 }
+
+/// verify names both paths of a difference and shows times as dates.
+#[test]
+fn verify_names_both_sides_and_dates() {
+    let t = disk_dir("verifymsg");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("a"), b"a");
+    ok(&copy(&src, &dst, &[]));
+    set_mtime(&dst.join("a"), 1_000_000_000, 0);
+    let out = run_cmd("verify", &src, &dst, &["--metadata", "--json"]);
+    assert_eq!(code(&out), 1);
+    let d = &json_lines(&out, "difference")[0];
+    assert!(d["src"].as_str().unwrap().ends_with("src/a"), "{d}");
+    assert!(d["dst"].as_str().unwrap().ends_with("dst/a"), "{d}");
+    assert!(d["what"].as_str().unwrap().contains("2001-09-09 01:46:40"), "{d}");
+    assert!(stderr(&out).contains(" vs "), "{}", stderr(&out));
+}

@@ -160,9 +160,44 @@ pub fn escape(name: &[u8]) -> String {
     out
 }
 
+/// A timestamp (seconds, nanoseconds since the epoch) as people read it:
+/// `2026-11-23 14:03:27.123456789 UTC`.
+pub fn date(t: (i64, u32)) -> String {
+    let (secs, nanos) = t;
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{nanos:09} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dates_read_like_dates() {
+        assert_eq!(date((0, 0)), "1970-01-01 00:00:00.000000000 UTC");
+        assert_eq!(
+            date((1_795_464_584, 5)),
+            "2026-11-23 20:09:44.000000005 UTC"
+        );
+        assert_eq!(date((951_782_400, 0)), "2000-02-29 00:00:00.000000000 UTC");
+        assert_eq!(date((-1, 0)), "1969-12-31 23:59:59.000000000 UTC");
+    }
 
     #[test]
     fn escape_keeps_utf8_and_escapes_the_rest() {

@@ -664,7 +664,9 @@ impl Run<'_> {
         if self.mode == ImageMode::Verify {
             self.stats.differences.fetch_add(1, Relaxed);
             self.reporter.entry_differs(
+                Side::Src,
                 self.src_path.as_os_str().as_bytes(),
+                self.dst_path.as_os_str().as_bytes(),
                 &format!("chunk {i} (bytes {off}..{}) differs", off + len as u64),
             );
             return Ok(Done::Failed);
@@ -888,8 +890,10 @@ pub fn image(
         if d.rdev == (0, 0) && d.size != size {
             stats.differences.fetch_add(1, Relaxed);
             reporter.entry_differs(
+                Side::Dst,
+                src.as_os_str().as_bytes(),
                 dst_path.as_os_str().as_bytes(),
-                &format!("{} bytes, SRC has {size}", d.size),
+                &format!("{size} bytes in SRC, {} in DST", d.size),
             );
         }
     }

@@ -387,9 +387,10 @@ pub trait Reporter: Send + Sync {
     fn entry_skipped(&self, path: &[u8], why: &str);
     /// An entry of DST was removed by `--delete`; `path` is its full path.
     fn entry_deleted(&self, path: &[u8]);
-    /// `verify` found an entry different; `path` is its full source path
-    /// (its DST path for an entry only DST has).
-    fn entry_differs(&self, path: &[u8], what: &str);
+    /// `verify` found an entry different: `src` and `dst` are its two full
+    /// paths, `side` the one it exists on (both, unless it is missing on
+    /// the other), and `what` says which side has what.
+    fn entry_differs(&self, side: Side, src: &[u8], dst: &[u8], what: &str);
     /// With `verbose`: an entry of DST was created (`why` is `["new"]`),
     /// replaced, fixed in place or linked (`action`: `copy`, `update`,
     /// `update metadata`, `link`) — or in a dry run, would be. `path` is
@@ -516,8 +517,12 @@ impl Shared {
     /// Records a difference `verify` found at `rel`.
     pub fn differs(&self, side: Side, rel: &[u8], what: &str) {
         self.stats.differences.fetch_add(1, Relaxed);
-        self.reporter
-            .entry_differs(&self.full_path(side, rel), what);
+        self.reporter.entry_differs(
+            side,
+            &self.full_path(Side::Src, rel),
+            &self.full_path(Side::Dst, rel),
+            what,
+        );
     }
 
     /// Whether temporary `name` in DST directory `dir` is a resumable big

@@ -214,8 +214,9 @@ impl Worker {
         }
         if src.file_type() != FileType::Directory && src.mtime != dst.mtime {
             return Some(format!(
-                "mtime {}.{:09} in SRC, {}.{:09} in DST",
-                src.mtime.0, src.mtime.1, dst.mtime.0, dst.mtime.1
+                "mtime {} in SRC, {} in DST",
+                crate::error::date(src.mtime),
+                crate::error::date(dst.mtime)
             ));
         }
         if let Some((s, d)) = fds {

@@ -429,8 +429,8 @@ impl Reporter for Forward {
     fn entry_deleted(&self, path: &[u8]) {
         self.0.entry_deleted(path)
     }
-    fn entry_differs(&self, path: &[u8], what: &str) {
-        self.0.entry_differs(path, what)
+    fn entry_differs(&self, side: crate::Side, src: &[u8], dst: &[u8], what: &str) {
+        self.0.entry_differs(side, src, dst, what)
     }
     fn notice(&self, path: &[u8], what: &str) {
         self.0.notice(path, what)
