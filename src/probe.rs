@@ -221,15 +221,55 @@ pub fn run(args: &ProbeArgs) -> ExitCode {
             "(-j auto, the default, tunes this while a job runs; --save keeps it for later runs)"
         );
     }
+    // One job takes one -j: the most streams either kind of file paid
+    // for (the chunk lane is tuned inside it), and the big files' chunk.
+    let command = one_command(&args.src, &args.dst, &picks);
     if args.json {
         println!(
             "{}",
-            json!({"type": "probe_done", "elapsed_s": crate::output::ms(started.elapsed().as_secs_f64())})
+            json!({"type": "probe_done", "command": command,
+                   "elapsed_s": crate::output::ms(started.elapsed().as_secs_f64())})
         );
     } else {
         println!("probe took {:.1} s", started.elapsed().as_secs_f64());
+        if let Some(c) = &command {
+            println!("use: {c}");
+        }
     }
     ExitCode::SUCCESS
+}
+
+/// The one command line the probe recommends, or `None` if no trial
+/// copied anything.
+fn one_command(src: &Path, dst: &Path, picks: &[(&Class, Option<Pick>)]) -> Option<String> {
+    let streams = picks
+        .iter()
+        .filter_map(|(_, p)| p.as_ref().map(|p| p.streams))
+        .max()?;
+    let chunk = picks
+        .iter()
+        .filter(|(c, _)| !c.by_files)
+        .find_map(|(_, p)| p.as_ref().map(|p| p.chunk_size))
+        .filter(|&c| c != DEFAULT_CHUNK)
+        .map_or(String::new(), |c| format!(" --chunk-size {}M", c >> 20));
+    Some(format!(
+        "sluice copy {} {} -j {streams}{chunk}",
+        quote(src),
+        quote(dst)
+    ))
+}
+
+/// A path as a shell word (single-quoted when it needs to be).
+fn quote(p: &Path) -> String {
+    let s = p.to_string_lossy();
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+:,@".contains(&b))
+    {
+        s.into_owned()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 /// Copies SRC's files of `class` into `out` for `seconds` at `n` streams.

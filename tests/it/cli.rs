@@ -391,6 +391,9 @@ fn verify_names_both_sides_and_dates() {
     let d = &json_lines(&out, "difference")[0];
     assert!(d["src"].as_str().unwrap().ends_with("src/a"), "{d}");
     assert!(d["dst"].as_str().unwrap().ends_with("dst/a"), "{d}");
-    assert!(d["what"].as_str().unwrap().contains("2001-09-09 01:46:40"), "{d}");
+    assert!(
+        d["what"].as_str().unwrap().contains("2001-09-09 01:46:40"),
+        "{d}"
+    );
     assert!(stderr(&out).contains(" vs "), "{}", stderr(&out));
 }

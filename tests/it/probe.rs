@@ -43,6 +43,16 @@ fn probe_measures_both_kinds_of_work_recommends_and_leaves_nothing() {
     assert!(small.len() >= 3 && small[..3] == [1, 2, 4], "{small:?}");
     let recs = json_lines(&out, "recommendation");
     assert_eq!(recs.len(), 2, "{}", stdout(&out));
+    // ... and one command line a single job can take.
+    let most = recs
+        .iter()
+        .map(|r| r["streams"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    let done = &json_lines(&out, "probe_done")[0];
+    let command = done["command"].as_str().unwrap();
+    assert!(command.starts_with("sluice copy "), "{command}");
+    assert!(command.contains(&format!(" -j {most}")), "{command}");
     // Big files are tried at other chunk sizes too.
     let chunks: std::collections::BTreeSet<u64> = rows
         .iter()
