@@ -397,3 +397,29 @@ fn verify_names_both_sides_and_dates() {
     );
     assert!(stderr(&out).contains(" vs "), "{}", stderr(&out));
 }
+
+/// Progress of one big file counts bytes as they are written: mid-copy the
+/// count is strictly between 0 and the total (not per finished chunk).
+#[test]
+fn progress_of_one_big_file_moves_between_zero_and_the_total() {
+    let t = disk_dir("bigprogress");
+    let src = t.path().join("src");
+    let total = 9u64 << 20;
+    write(&src.join("big"), &bytes(total as usize, 4));
+    let out = copy(
+        &src,
+        &t.path().join("dst"),
+        &["--bwlimit", "3M", "--chunk-size", "4M", "--json"],
+    );
+    ok(&out);
+    let mid: Vec<u64> = json_lines(&out, "progress")
+        .iter()
+        .map(|p| p["bytes_done"].as_u64().unwrap())
+        .filter(|&b| b > 0 && b < total)
+        .collect();
+    assert!(!mid.is_empty(), "no progress mid-copy: {}", stdout(&out));
+    assert!(
+        mid.iter().any(|&b| b % (4 << 20) != 0),
+        "counted per chunk: {mid:?}"
+    );
+}
