@@ -34,6 +34,7 @@ pub fn is_image_pair(src: &Path, dst: &Path) -> bool {
 }
 
 pub fn run_with(src: &Path, dst: &Path, opts: ImageOptions, show: &Show) -> ExitCode {
+    let dry_run = opts.dry_run;
     let cancel = cancel_on_signals();
     let stats = Arc::new(ImageStats::default());
     let printer = Printer::new(show.json);
@@ -82,9 +83,12 @@ pub fn run_with(src: &Path, dst: &Path, opts: ImageOptions, show: &Show) -> Exit
     }
     let report = result.as_ref().ok().map(|(_, r)| r);
     if show.json {
-        println!("{}", summary_json(&stats, report, outcome, elapsed));
+        println!(
+            "{}",
+            summary_json(&stats, report, outcome, elapsed, dry_run)
+        );
     } else if let Some(r) = report {
-        print!("{}", summary_table(&stats, r, elapsed));
+        print!("{}", summary_table(&stats, r, elapsed, dry_run));
     }
     ExitCode::from(code)
 }
@@ -114,11 +118,14 @@ fn summary_json(
     r: Option<&ImageReport>,
     outcome: &str,
     elapsed: Duration,
+    dry_run: bool,
 ) -> serde_json::Value {
     let written = s.bytes_written.load(Relaxed);
     let verify = r.is_some_and(|r| r.mode == ImageMode::Verify);
     let mut v = json!({
         "type": "summary",
+        "schema": crate::output::SCHEMA,
+        "dry_run": dry_run,
         "outcome": outcome,
         "files_copied": u64::from(outcome == "complete" && !verify && s.chunks_written.load(Relaxed) > 0),
         "bytes_copied": written,
@@ -153,7 +160,7 @@ fn summary_json(
     v
 }
 
-fn summary_table(s: &ImageStats, r: &ImageReport, elapsed: Duration) -> String {
+fn summary_table(s: &ImageStats, r: &ImageReport, elapsed: Duration, dry_run: bool) -> String {
     let size = s.size.load(Relaxed) as f64;
     let what = match r.mode {
         ImageMode::Full => "full copy",
@@ -178,6 +185,8 @@ fn summary_table(s: &ImageStats, r: &ImageReport, elapsed: Duration) -> String {
         s.chunks_written.load(Relaxed) + s.differences.load(Relaxed),
         if r.mode == ImageMode::Verify {
             "differ"
+        } else if dry_run {
+            "would write"
         } else {
             "written"
         },

@@ -372,10 +372,11 @@ pub fn progress(
     let terminal = draw.bar && std::io::stderr().is_terminal();
     let walking =
         ProgressStyle::with_template("{spinner} {elapsed_precise} {msg}").expect("valid template");
-    let counting =
-        ProgressStyle::with_template("{spinner} {elapsed_precise} [{bar:24}] {percent:>3}% {msg}")
-            .expect("valid template")
-            .progress_chars("=> ");
+    let counting = ProgressStyle::with_template(
+        "{spinner} {elapsed_precise} [{bar:24}] {percent:>3}% {wide_msg}",
+    )
+    .expect("valid template")
+    .progress_chars("=> ");
     let bar = terminal.then(|| {
         let bar = ProgressBar::with_draw_target(Some(1000), ProgressDrawTarget::stderr_with_hz(5));
         bar.set_style(walking.clone());

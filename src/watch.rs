@@ -84,7 +84,11 @@ impl WatchReporter for WatchPrinter {
         let what = if p.full {
             format!("full sync ({})", p.reason)
         } else {
-            format!("{} changes in {} directories", p.changes, p.dirs)
+            format!(
+                "{} in {}",
+                count(p.changes as u64, "change"),
+                count(p.dirs as u64, "directory")
+            )
         };
         let lag = if p.lags.is_empty() {
             String::new()
@@ -96,18 +100,18 @@ impl WatchReporter for WatchPrinter {
             )
         };
         eprintln!(
-            "sluice: watch: {} {what}: {} files ({}) copied, {} deleted, {} errors in {:.2} s{lag}",
+            "sluice: watch: {} {what}: {} ({}) copied, {} deleted, {} in {:.2} s{lag}",
             clock(),
-            s.files_copied,
+            count(s.files_copied, "file"),
             human_bytes(s.bytes_copied as f64),
             s.deleted,
-            s.errors,
+            count(s.errors, "error"),
             s.elapsed.as_secs_f64()
         );
         if first {
             eprintln!(
-                "sluice: watch: watching {} directories; Ctrl-C to stop",
-                p.watching
+                "sluice: watch: watching {}; Ctrl-C to stop",
+                count(p.watching as u64, "directory")
             );
         }
     }
@@ -244,4 +248,15 @@ fn clock() -> String {
         .map_or(0, |d| d.as_secs());
     let day = secs % 86_400;
     format!("{:02}:{:02}:{:02}Z", day / 3600, day / 60 % 60, day % 60)
+}
+
+/// `1 file`, `2 files`, `1 directory`, `3 directories`.
+fn count(n: u64, one: &str) -> String {
+    if n == 1 {
+        format!("1 {one}")
+    } else if let Some(stem) = one.strip_suffix('y') {
+        format!("{n} {stem}ies")
+    } else {
+        format!("{n} {one}s")
+    }
 }

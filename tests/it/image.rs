@@ -381,3 +381,39 @@ fn on_btrfs_an_incremental_reads_only_changed_chunks() {
         same_bytes(&src, &dst, 64 * MIB as u64);
     }
 }
+
+/// Every chunk is counted once: written + zero + unchanged = chunks, on a
+/// first copy and on an incremental; a dry run says "would write".
+#[test]
+fn image_chunk_counts_add_up() {
+    let d = disk_dir("imgcount");
+    let src = d.path().join("src.img");
+    let mut data = vec![0u8; 16 << 20];
+    data[..(5 << 20)].copy_from_slice(&bytes(5 << 20, 3));
+    fs::write(&src, &data).unwrap();
+    let dst = d.path().join("dst.img");
+    let add_up = |s: &serde_json::Value| {
+        let n = |k: &str| s[k].as_u64().unwrap();
+        assert_eq!(
+            n("chunks_written") + n("chunks_zero") + n("chunks_unchanged"),
+            n("chunks"),
+            "{s}"
+        );
+    };
+    let o = image(&src, &dst, &["--json", "--chunk-size", "1M"]);
+    ok(&o);
+    add_up(&summary(&o));
+    data[(2 << 20) + 5] ^= 1;
+    fs::write(&src, &data).unwrap();
+    let o = image(&src, &dst, &["--json", "--chunk-size", "1M", "--dry-run"]);
+    ok(&o);
+    add_up(&summary(&o));
+    assert_eq!(summary(&o)["dry_run"], true);
+    let o = image(&src, &dst, &["--chunk-size", "1M", "--dry-run"]);
+    assert!(stdout(&o).contains("1 would write"), "{}", stdout(&o));
+    let o = image(&src, &dst, &["--json", "--chunk-size", "1M"]);
+    ok(&o);
+    let s = summary(&o);
+    add_up(&s);
+    assert_eq!(s["chunks_written"], 1, "{s}");
+}

@@ -103,7 +103,8 @@ pub struct ImageStats {
     pub bytes_written: AtomicU64,
     pub chunks: AtomicU64,
     pub chunks_written: AtomicU64,
-    /// Chunks all zeros in SRC.
+    /// Chunks all zeros in SRC left as holes in a new image (neither
+    /// written nor unchanged: written + zero + unchanged = chunks).
     pub chunks_zero: AtomicU64,
     /// Chunks DST already held.
     pub chunks_unchanged: AtomicU64,
@@ -607,9 +608,6 @@ impl Run<'_> {
             self.stats.bytes_done.fetch_add(len as u64, Relaxed);
             self.stats.chunks_unread.fetch_add(1, Relaxed);
             self.stats.chunks_unchanged.fetch_add(1, Relaxed);
-            if old == ZERO {
-                self.stats.chunks_zero.fetch_add(1, Relaxed);
-            }
             return Ok(Done::Same(i, old, false));
         }
         let hole = self.src.sparse
@@ -631,9 +629,6 @@ impl Run<'_> {
         let data = &buf[..len];
         let hash = if zero { ZERO } else { hash_of(data) };
         self.stats.bytes_done.fetch_add(len as u64, Relaxed);
-        if zero {
-            self.stats.chunks_zero.fetch_add(1, Relaxed);
-        }
         let same = match (self.mode, dbuf) {
             (ImageMode::Compare | ImageMode::Verify, Some(dbuf)) => {
                 let dst = self.dst.expect("compare has a DST");
@@ -655,8 +650,11 @@ impl Run<'_> {
             _ => old == hash || (zero && self.known_zero && old == UNKNOWN),
         };
         if same {
-            // A zero chunk of a new image is a hole, not a chunk DST had.
-            if !(zero && self.known_zero) {
+            // Each chunk is counted once: written, zero (a hole left in a
+            // new image) or unchanged (DST had it), so the three add up.
+            if zero && self.known_zero {
+                self.stats.chunks_zero.fetch_add(1, Relaxed);
+            } else {
                 self.stats.chunks_unchanged.fetch_add(1, Relaxed);
             }
             return Ok(Done::Same(i, hash, old != hash || sig != old_sig));
