@@ -45,7 +45,8 @@ pub(crate) fn run(shared: &Shared) {
             b"",
             "delete",
             Reason::Other(format!(
-                "nothing deleted: the walk had {errors} error(s), so SRC may look emptier than it is"
+                "nothing deleted: the walk had {errors} {}, so SRC may look emptier than it is",
+                if errors == 1 { "error" } else { "errors" }
             )),
         ));
         return;

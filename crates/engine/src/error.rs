@@ -73,8 +73,26 @@ impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Reason::Os(e) => {
-                let io = std::io::Error::from_raw_os_error(e.raw_os_error());
-                write!(f, "{io}")
+                // The kernel's words; the number only where the words are
+                // rare enough that someone will search for it.
+                let io = std::io::Error::from_raw_os_error(e.raw_os_error()).to_string();
+                let common = [
+                    Errno::NOENT,
+                    Errno::ACCESS,
+                    Errno::PERM,
+                    Errno::NOSPC,
+                    Errno::DQUOT,
+                    Errno::ROFS,
+                    Errno::EXIST,
+                    Errno::NOTDIR,
+                    Errno::ISDIR,
+                    Errno::NOTEMPTY,
+                    Errno::BUSY,
+                ];
+                match io.rsplit_once(" (os error ") {
+                    Some((words, _)) if common.contains(e) => f.write_str(words),
+                    _ => f.write_str(&io),
+                }
             }
             Reason::Changed(s) => write!(f, "source changed during copy ({s})"),
             Reason::Other(s) => f.write_str(s),
@@ -93,12 +111,12 @@ impl std::error::Error for EntryError {}
 /// A failure that stops the whole job (exit 2).
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
-    #[error("source {}: {source}", .path.display())]
+    #[error("source {}: {}", .path.display(), io_words(.source))]
     Source {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("destination {}: {source}", .path.display())]
+    #[error("destination {}: {}", .path.display(), io_words(.source))]
     Destination {
         path: PathBuf,
         source: std::io::Error,
@@ -124,6 +142,15 @@ impl JobError {
             path: path.to_owned(),
             source: e.into(),
         }
+    }
+}
+
+/// An I/O error in the words `Reason::Os` uses (no number where the words
+/// are common).
+fn io_words(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(n) => Reason::Os(Errno::from_raw_os_error(n)).to_string(),
+        None => e.to_string(),
     }
 }
 
@@ -187,6 +214,14 @@ pub fn date(t: (i64, u32)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn common_errors_read_without_their_number() {
+        assert_eq!(Reason::Os(Errno::ACCESS).to_string(), "Permission denied");
+        assert!(Reason::Os(Errno::XDEV)
+            .to_string()
+            .ends_with("(os error 18)"));
+    }
 
     #[test]
     fn dates_read_like_dates() {
