@@ -431,8 +431,15 @@ fn a_bare_bwlimit_number_is_kib_per_second() {
     let t = disk_dir("bwunits");
     let src = t.path().join("src");
     write(&src.join("f"), &bytes(1 << 20, 2));
-    let out = copy(&src, &t.path().join("dst"), &["--bwlimit", "2000", "--json"]);
+    let out = copy(
+        &src,
+        &t.path().join("dst"),
+        &["--bwlimit", "2000", "--json"],
+    );
     ok(&out);
     let secs = summary(&out)["elapsed_s"].as_f64().unwrap();
-    assert!((0.3..5.0).contains(&secs), "1 MiB at 2000 KiB/s took {secs} s");
+    assert!(
+        (0.3..5.0).contains(&secs),
+        "1 MiB at 2000 KiB/s took {secs} s"
+    );
 }
