@@ -112,17 +112,12 @@ fn entry_text(dry_run: bool, action: &str, path: &[u8], why: &[&'static str]) ->
 }
 
 impl Printer {
+    /// A printer of failures and notes only (`image`).
     pub fn new(json: bool) -> Arc<Printer> {
-        Printer::with(json, false, false)
-    }
-
-    /// A printer that, with `verbose`, lists every entry it is told of
-    /// (worded "would ..." for a dry run).
-    pub fn with(json: bool, verbose: bool, dry_run: bool) -> Arc<Printer> {
         Arc::new(Printer {
             json,
-            verbose,
-            dry_run,
+            verbose: false,
+            dry_run: false,
             log: None,
             bar: Mutex::new(None),
         })

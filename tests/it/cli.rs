@@ -443,3 +443,34 @@ fn a_bare_bwlimit_number_is_kib_per_second() {
         "1 MiB at 2000 KiB/s took {secs} s"
     );
 }
+
+/// The user's umask holds for every job of one run (the second of several
+/// sources used to see the umask the first job had cleared).
+#[test]
+fn no_perms_applies_the_umask_to_every_source() {
+    use std::os::unix::fs::PermissionsExt;
+    let t = disk_dir("umask2");
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    for f in [a.join("f"), b.join("g")] {
+        write(&f, b"x");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let dir = t.path().join("dir");
+    let out = sluice()
+        .args(["copy", "--no-perms", "--no-progress"])
+        .args([&a, &b, &dir])
+        .output()
+        .unwrap();
+    ok(&out);
+    let umask = rustix::process::umask(rustix::fs::Mode::empty());
+    rustix::process::umask(umask);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let want = 0o777 & !umask.bits();
+    assert_ne!(want, 0o777, "the test needs a umask");
+    assert_eq!(mode(&dir.join("a/f")), want);
+    assert_eq!(
+        mode(&dir.join("b/g")),
+        want,
+        "the second source lost the umask"
+    );
+}

@@ -188,22 +188,9 @@ impl ChunkMap {
             .and_then(|n| std::ffi::CString::new(n.as_encoded_bytes()).ok())
             .ok_or_else(|| fail("names no file".into()))?;
         let dir = sluice_sys::open_dir_path(dir).map_err(|e| fail(e.to_string()))?;
-        let file = match crate::target::open_state(std::os::fd::AsFd::as_fd(&dir), &name, true) {
-            Ok(Some(f)) => f,
-            Ok(None) => unreachable!("created if missing"),
-            Err(sluice_sys::Errno::INVAL) => return Err(fail("not a regular file".into())),
-            Err(e) => return Err(fail(std::io::Error::from(e).to_string())),
-        };
-        let backend = redb::backends::FileBackend::new(file).map_err(|e| fail(e.to_string()))?;
-        let mut b = redb::Builder::new();
-        b.set_cache_size(4 << 20);
-        let db = b.create_with_backend(backend).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => format!(
-                "another sluice run is using the chunk map {}; wait for it to finish",
-                path.display()
-            ),
-            e => fail(e.to_string()),
-        })?;
+        let db = crate::target::open_state_db(std::os::fd::AsFd::as_fd(&dir), &name, true, 4 << 20)
+            .map_err(fail)?
+            .expect("created if missing");
         Ok(ChunkMap { db })
     }
 

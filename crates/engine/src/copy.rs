@@ -300,7 +300,7 @@ impl Worker {
                 "update"
             };
             self.shared
-                .changed(&node.child_rel(dst_name), action, &self.why);
+                .changed(|| node.child_rel(dst_name), action, &self.why);
         }
     }
 
@@ -397,30 +397,26 @@ impl Worker {
     }
 
     /// Copies a file whose size cannot be trusted by reading it to its end
-    /// through the stream's buffer. Returns the bytes copied.
+    /// through the stream's buffer, in reads of 64 KiB (`/proc` answers a
+    /// larger one with ENOMEM). Returns the bytes copied.
     fn copy_to_end(
         &mut self,
         src: BorrowedFd<'_>,
         dst: BorrowedFd<'_>,
     ) -> Result<u64, (&'static str, Errno)> {
-        let moved = &self.shared.stats.data_moved;
-        // Small reads: /proc answers a large one with ENOMEM.
         let buf = self.scratch.buf();
         let most = buf.len().min(64 << 10);
-        let buf = &mut buf[..most];
-        let mut off = 0u64;
-        loop {
-            let n = sluice_sys::read_full_at(src, buf, off).map_err(|e| ("read", e))?;
-            if n == 0 {
-                return Ok(off);
-            }
-            sluice_sys::write_all_at(dst, &buf[..n], off).map_err(|e| ("write", e))?;
-            moved.fetch_add(n as u64, Relaxed);
-            off += n as u64;
-            if self.shared.stopped() {
-                return Err(("read", Errno::INTR));
-            }
-        }
+        let n = sluice_sys::copy_range(
+            src,
+            dst,
+            0,
+            u64::MAX,
+            CopyMethod::Buffered,
+            &mut buf[..most],
+        )
+        .map_err(|e| ("copy", e))?;
+        self.shared.stats.data_moved.fetch_add(n, Relaxed);
+        Ok(n)
     }
 
     /// Creates the file that will become `dst_name` once complete.
@@ -499,11 +495,18 @@ impl Worker {
                 )
             },
         )?;
-        // With --no-acls, what DST's default ACL hands down stays too.
-        if node.default_acl && set == sluice_sys::XattrSet::All && self.shared.opts.perms {
+        if self.drops_inherited_acls(node) {
             self.drop_inherited_acls(node, name, src, dst, st)?;
         }
         Ok(())
+    }
+
+    /// Whether what is created in `node` loses the ACLs its DST directory's
+    /// default ACL hands down. Not with `--no-acls`, `--no-xattrs` or
+    /// `--no-perms`: then what DST gives a new entry stays.
+    fn drops_inherited_acls(&self, node: &DirNode) -> bool {
+        let opts = &self.shared.opts;
+        node.default_acl && opts.xattrs == Some(sluice_sys::XattrSet::All) && opts.perms
     }
 
     /// An entry created in a DST directory with a default ACL inherited an
@@ -761,9 +764,7 @@ impl Worker {
         if self.shared.opts.preserve_owner && !node.creates_owned_by(st) {
             sluice_sys::set_owner_at(node.dst(), tmp.as_cstr(), st).map_err(|e| err("chown", e))?;
         }
-        let acls =
-            self.shared.opts.xattrs == Some(sluice_sys::XattrSet::All) && self.shared.opts.perms;
-        if node.default_acl && acls && st.file_type() != FileType::Symlink {
+        if self.drops_inherited_acls(node) && st.file_type() != FileType::Symlink {
             // A FIFO or device node inherits ACLs too (SRC's own are not
             // copied for these: they cannot be opened to read them).
             for acl in [ACL_ACCESS, ACL_DEFAULT] {
@@ -878,7 +879,7 @@ impl Worker {
             .map_err(|e| to.error(to_name, Side::Dst, "rename into place", Reason::Os(e)))?;
         self.shared.stats.hardlinks.fetch_add(1, Relaxed);
         self.shared
-            .changed(&to.child_rel(to_name), "link", &["hard link"]);
+            .changed(|| to.child_rel(to_name), "link", &["hard link"]);
         Ok(())
     }
 
@@ -1220,7 +1221,7 @@ impl Worker {
             .bytes_copied
             .fetch_add(big.copied.load(Relaxed), Relaxed);
         let action = if big.why == ["new"] { "copy" } else { "update" };
-        self.shared.changed(&big.rel, action, &big.why);
+        self.shared.changed(|| big.rel.clone(), action, &big.why);
         Ok(())
     }
 }

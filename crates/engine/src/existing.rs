@@ -174,7 +174,10 @@ impl Worker {
                     return true;
                 }
             }
-            sh.changed(&node.child_rel(dst_name), "update metadata", &differences());
+            if sh.opts.verbose {
+                let why = differences();
+                sh.changed(|| node.child_rel(dst_name), "update metadata", &why);
+            }
         }
         sh.stats.unchanged.fetch_add(1, Relaxed);
         true
@@ -326,6 +329,7 @@ impl Worker {
     /// those as differences and removes nothing. Costs one listing per
     /// pre-existing directory, none on a first copy.
     ///
+    /// `dst_id` is the DST directory's identity ([`crate::tree::dir_id`]).
     /// With `lock`, the directory is first marked as this run's (a shared
     /// `flock`); if another run holds it as its DST, nothing in it is
     /// touched and false is returned: the caller leaves the subtree alone.
@@ -334,6 +338,7 @@ impl Worker {
         rel: &[u8],
         src: BorrowedFd<'_>,
         dst: BorrowedFd<'_>,
+        dst_id: (u32, u32, u64),
         src_stat: &Stat,
         lock: bool,
     ) -> bool {
@@ -346,13 +351,6 @@ impl Worker {
             );
             return false;
         }
-        let dst_id = match sluice_sys::stat_fd(dst) {
-            Ok(st) => (st.dev.0, st.dev.1, st.ino),
-            Err(e) => {
-                fail("stat", Reason::Os(e));
-                return false;
-            }
-        };
         // With -x, entries of a DST directory on another file system than
         // DST's root are never extras (as rsync -x does).
         let other_fs =

@@ -505,12 +505,12 @@ impl Shared {
         self.opts.check.is_some()
     }
 
-    /// With `-v`, tells the reporter that the entry at `rel` (relative to
-    /// DST's root) was created, updated or linked, and why.
-    pub fn changed(&self, rel: &[u8], action: &str, why: &[&'static str]) {
+    /// With `-v`, tells the reporter that the entry at `rel()` (relative to
+    /// DST's root, built only then) was created, updated or linked, and why.
+    pub fn changed(&self, rel: impl FnOnce() -> Vec<u8>, action: &str, why: &[&'static str]) {
         if self.opts.verbose {
             self.reporter
-                .entry_changed(&self.full_path(Side::Dst, rel), action, why);
+                .entry_changed(&self.full_path(Side::Dst, &rel()), action, why);
         }
     }
 
@@ -759,6 +759,7 @@ fn run(
         }
         None => None,
     };
+    let facts = crate::tree::DstFacts::of(roots.dst_fd.as_ref());
     let halted = Arc::new(AtomicBool::new(false));
     let throttle = opts
         .bwlimit
@@ -778,11 +779,7 @@ fn run(
         dst_root: roots.dst_path.as_os_str().as_bytes().to_vec(),
         dst_root_fd,
         root_dev: src_stat.dev,
-        dst_root_dev: roots
-            .dst_fd
-            .as_ref()
-            .and_then(|fd| sluice_sys::stat_fd(fd.as_fd()).ok())
-            .map(|st| st.dev),
+        dst_root_dev: roots.dst_fd.as_ref().map(|_| (facts.id.0, facts.id.1)),
         root_stat: src_stat,
         owns_root: roots.single.is_none(),
         kernel_copy_ok: AtomicBool::new(opts.reflink != Reflink::Never),
@@ -804,7 +801,6 @@ fn run(
         gate: Gate::new(if auto { opts.jobs.min(jobs) } else { jobs }, jobs),
         opts,
     });
-    let facts = crate::tree::DstFacts::of(roots.dst_fd.as_ref());
     let root = Arc::new(DirNode {
         creates_as: facts.creates_as,
         dst_id: facts.id,

@@ -376,33 +376,16 @@ impl Journal {
 
 type Resumable = HashMap<Vec<u8>, Record>;
 
-/// redb with a small cache: the journal holds a few records, and its
-/// memory counts against `--mem-limit`.
-fn builder() -> redb::Builder {
-    let mut b = redb::Builder::new();
-    b.set_cache_size(1 << 20);
-    b
-}
-
 /// Opens the journal file `name` in `dir` (never through a symlink; only a
 /// regular file) as a database: `Ok(None)` if it does not exist and
-/// `create` is false.
+/// `create` is false. A small cache: the journal holds a few records, and
+/// its memory counts against `--mem-limit`.
 fn open_db(
     dir: &OwnedFd,
     name: &std::ffi::CStr,
     create: bool,
 ) -> Result<Option<redb::Database>, String> {
-    let file = match crate::target::open_state(dir.as_fd(), name, create) {
-        Ok(Some(f)) => f,
-        Ok(None) => return Ok(None),
-        Err(sluice_sys::Errno::INVAL) => return Err("not a regular file".into()),
-        Err(e) => return Err(std::io::Error::from(e).to_string()),
-    };
-    let backend = redb::backends::FileBackend::new(file).map_err(|e| e.to_string())?;
-    let db = builder()
-        .create_with_backend(backend)
-        .map_err(|e| e.to_string())?;
-    Ok(Some(db))
+    crate::target::open_state_db(dir.as_fd(), name, create, 1 << 20)
 }
 
 /// Reads every record of an existing journal file.

@@ -66,6 +66,33 @@ pub(crate) fn open_state(
     sluice_sys::open_state_file(dir, name, create)
 }
 
+/// Opens the state file `name` in `dir` (as [`open_state`] does) as a redb
+/// database with a `cache` of that many bytes: `Ok(None)` if absent and
+/// not to be created. Errors are in words, for the caller to prefix.
+pub(crate) fn open_state_db(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    create: bool,
+    cache: usize,
+) -> Result<Option<redb::Database>, String> {
+    let file = match open_state(dir, name, create) {
+        Ok(Some(f)) => f,
+        Ok(None) => return Ok(None),
+        Err(Errno::INVAL) => return Err("not a regular file".into()),
+        Err(e) => return Err(std::io::Error::from(e).to_string()),
+    };
+    let backend = redb::backends::FileBackend::new(file).map_err(|e| e.to_string())?;
+    let mut b = redb::Builder::new();
+    b.set_cache_size(cache);
+    match b.create_with_backend(backend) {
+        Ok(db) => Ok(Some(db)),
+        Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+            Err("another sluice run is using it; wait for it to finish".into())
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Why a later name of a hard-linked file could not be linked.
 pub(crate) enum LinkFailure {
     Os(Errno),
@@ -123,9 +150,12 @@ pub(crate) fn create_root(path: &Path) -> Result<(OwnedFd, bool), JobError> {
         }
     };
     let existed = missing.is_empty();
+    // Made as `mkdir -p` would, with the user's umask (given explicitly:
+    // an earlier job in this process cleared the process's).
+    let mode = 0o777 & !sluice_sys::clear_umask();
     for name in missing.iter().rev() {
         let name = CString::new(name.as_bytes()).map_err(|_| err(Errno::INVAL))?;
-        match sluice_sys::mkdir_at(base_fd.as_fd(), &name, 0o777) {
+        match sluice_sys::mkdir_at(base_fd.as_fd(), &name, mode) {
             Ok(()) | Err(Errno::EXIST) => {}
             Err(e) => return Err(err(e)),
         }

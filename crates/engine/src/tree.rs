@@ -134,21 +134,31 @@ pub(crate) struct DstFacts {
 
 impl DstFacts {
     /// Facts of `dst` (`None`: a dry run's directory that does not exist).
-    /// New entries are owned by the creator's ids, unless the directory is
-    /// set-gid (then the group is inherited).
     pub fn of(dst: Option<&OwnedFd>) -> DstFacts {
-        let Some(st) = dst.and_then(|d| sluice_sys::stat_fd(d.as_fd()).ok()) else {
-            return DstFacts {
+        let st = dst.and_then(|d| sluice_sys::stat_fd(d.as_fd()).ok());
+        DstFacts::with_stat(dst, st)
+    }
+
+    /// Facts of `dst`, whose `statx` the caller has: new entries are owned
+    /// by the creator's ids, unless the directory is set-gid (then the
+    /// group is inherited).
+    pub fn with_stat(dst: Option<&OwnedFd>, st: Option<Stat>) -> DstFacts {
+        match (dst, st) {
+            (Some(dst), Some(st)) => DstFacts {
+                creates_as: (st.mode & 0o2000 == 0).then(sluice_sys::effective_ids),
+                id: dir_id(&st),
+                default_acl: sluice_sys::has_xattr(dst.as_fd(), crate::copy::ACL_DEFAULT),
+            },
+            _ => DstFacts {
                 creates_as: None,
                 id: (0, 0, 0),
                 default_acl: false,
-            };
-        };
-        let dst = dst.expect("stat of an open directory");
-        DstFacts {
-            creates_as: (st.mode & 0o2000 == 0).then(sluice_sys::effective_ids),
-            id: (st.dev.0, st.dev.1, st.ino),
-            default_acl: sluice_sys::has_xattr(dst.as_fd(), crate::copy::ACL_DEFAULT),
+            },
         }
     }
+}
+
+/// A directory's identity (device, inode): what tags its temporaries.
+pub(crate) fn dir_id(st: &Stat) -> (u32, u32, u64) {
+    (st.dev.0, st.dev.1, st.ino)
 }

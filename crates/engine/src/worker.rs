@@ -207,6 +207,7 @@ impl Worker {
                         &node.rel,
                         node.src.as_fd(),
                         node.dst(),
+                        node.dst_id,
                         &node.stat,
                         lock,
                     )
@@ -314,11 +315,23 @@ impl Worker {
         // A shallow job leaves the subdirectories DST has to their own
         // jobs: their metadata is brought up to date, their entries not.
         let descend_existing = !(self.shared.opts.shallow && parent.parent.is_none());
-        if let Some(dst) = &dst {
+        // One statx of the DST directory serves the leftover check (its
+        // identity tags temporaries) and what entries created in it get.
+        let dst_st = match dst.as_ref().map(|d| sluice_sys::stat_fd(d.as_fd())) {
+            None => None,
+            Some(Ok(st)) => Some(st),
+            Some(Err(e)) => {
+                return self
+                    .shared
+                    .fail(parent.error(name, Side::Dst, "stat", Reason::Os(e)))
+            }
+        };
+        if let (Some(dst), Some(dst_st)) = (&dst, &dst_st) {
             let rel = parent.child_rel(name);
+            let id = crate::tree::dir_id(dst_st);
             if existed
                 && descend_existing
-                && !self.scan_existing(&rel, src.as_fd(), dst.as_fd(), &st, true)
+                && !self.scan_existing(&rel, src.as_fd(), dst.as_fd(), id, &st, true)
             {
                 return;
             }
@@ -334,13 +347,16 @@ impl Worker {
             self.shared.stats.dirs_created.fetch_add(1, Relaxed);
         }
         if !existed && !self.shared.checking() {
-            let mut rel = parent.child_rel(name);
-            rel.push(b'/');
-            self.shared.changed(&rel, "copy", &["new"]);
+            let rel = || {
+                let mut rel = parent.child_rel(name);
+                rel.push(b'/');
+                rel
+            };
+            self.shared.changed(rel, "copy", &["new"]);
         }
         let descend = (!self.shared.opts.one_file_system || st.dev == self.shared.root_dev)
             && (descend_existing || !existed);
-        let facts = crate::tree::DstFacts::of(dst.as_ref());
+        let facts = crate::tree::DstFacts::with_stat(dst.as_ref(), dst_st);
         let src_kind = if st.dev == parent.stat.dev {
             parent.src_kind
         } else {

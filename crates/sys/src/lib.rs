@@ -737,10 +737,12 @@ pub fn raise_fd_limit() {
 }
 
 /// Clears the process umask so created entries get exactly the modes asked
-/// for; sluice sets every mode explicitly from the source.
-/// Returns the umask it replaced.
+/// for; sluice sets every mode explicitly from the source. Returns the
+/// user's umask, the one the process started with (a second job in the
+/// same process, a watch pass say, would otherwise see the cleared 0).
 pub fn clear_umask() -> u32 {
-    rustix::process::umask(Mode::empty()).bits()
+    static USER: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *USER.get_or_init(|| rustix::process::umask(Mode::empty()).bits())
 }
 
 /// Writes all dirty data out and drops the page cache (needs root), so a
