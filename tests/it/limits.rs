@@ -5,18 +5,22 @@ use std::fs;
 
 #[test]
 fn bwlimit_holds_the_rate_within_ten_percent() {
-    let t = disk_dir("bwlimit");
+    // On tmpfs and well under what one core moves, so the machine (two
+    // cores, shared with the rest of the suite and, in CI, a busy disk)
+    // never falls below the limit on its own: what is measured is the
+    // throttle, not the disk. Every test's ceiling stays 10 %.
+    let t = tmpfs_dir("bwlimit").unwrap_or_else(|| disk_dir("bwlimit"));
     let src = t.path().join("src");
     write(&src.join("big.bin"), &bytes(40 << 20, 1));
     for i in 0..200 {
         write(&src.join(format!("small/f{i}")), &bytes(100 << 10, i));
     }
     let total = (40u64 << 20) + 200 * (100 << 10);
-    let rate = 30_000_000f64;
+    let rate = 20_000_000f64;
     let out = copy(
         &src,
         &t.path().join("dst"),
-        &["--bwlimit", "30MB/s", "--chunk-size", "4M", "--json"],
+        &["--bwlimit", "20MB/s", "--chunk-size", "4M", "--json"],
     );
     ok(&out);
     let s = summary(&out);
