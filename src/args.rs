@@ -80,6 +80,24 @@ impl Command {
             Command::Man => "man",
         }
     }
+
+    /// The SRC and DST paths the command was given.
+    pub fn paths(&self) -> Vec<&std::path::Path> {
+        fn job(j: &JobArgs) -> Vec<&std::path::Path> {
+            let mut v = vec![j.src.as_path(), j.dst.as_path()];
+            v.extend(j.more.iter().map(|p| p.as_path()));
+            v
+        }
+        match self {
+            Command::Copy(c) => job(&c.job),
+            Command::Sync(c) => job(&c.copy.job),
+            Command::Verify(c) => job(&c.job),
+            Command::Watch(c) => job(&c.job),
+            Command::Image(c) => vec![&c.src, &c.dst],
+            Command::Probe(c) => vec![&c.src, &c.dst],
+            Command::Serve(_) | Command::Completions { .. } | Command::Man => Vec::new(),
+        }
+    }
 }
 
 /// Arguments of commands that do not exist yet.

@@ -13,6 +13,7 @@
 
 mod args;
 mod image;
+mod location;
 mod output;
 mod probe;
 mod saved;
@@ -77,6 +78,10 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
+    if let Err(msg) = location::refuse_remote(cli.command.paths()) {
+        eprintln!("sluice: error: {msg}");
+        return ExitCode::from(2);
+    }
     match cli.command {
         args::Command::Copy(c) => {
             let opts = c.options();

@@ -474,3 +474,38 @@ fn no_perms_applies_the_umask_to_every_source() {
         "the second source lost the umask"
     );
 }
+
+#[test]
+fn a_remote_looking_path_is_never_a_local_directory() {
+    let t = disk_dir("colon");
+    write(&t.path().join("d/f"), b"data");
+    let run = |args: &[&str]| {
+        sluice()
+            .current_dir(t.path())
+            .args(args)
+            .output()
+            .expect("run sluice")
+    };
+    // Each side, each command: refused with exit 2 and a word on how to
+    // write a local path with a colon; nothing created in the cwd.
+    for args in [
+        &["copy", "d", "user@host:/x"][..],
+        &["sync", "--delete", "d", "host:x"],
+        &["verify", "host:/d", "d"],
+        &["copy", "d", "e", "[::1]:/x"],
+        &["watch", "d", "h:"],
+    ] {
+        let out = run(args);
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("./"), "{args:?}: {}", stderr(&out));
+    }
+    let mut left: Vec<_> = std::fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["d"]);
+    // A local path with a colon, written as such.
+    ok(&run(&["copy", "-q", "d", "./a:b"]));
+    assert_eq!(std::fs::read(t.path().join("a:b/f")).unwrap(), b"data");
+}
