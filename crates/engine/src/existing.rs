@@ -7,10 +7,11 @@
 //! this run created costs nothing extra, so a first copy pays nothing for
 //! resume.
 
-use crate::compare::{self, Verdict};
+use crate::compare;
 use crate::copy::link_key;
 use crate::error::{Reason, Side};
 use crate::job::{LinkState, Shared};
+use crate::plan::{self, Existing};
 use crate::tree::DirNode;
 use crate::worker::Worker;
 use sluice_sys::{Errno, FileType, Stat};
@@ -95,22 +96,16 @@ impl Worker {
                 return true;
             }
         };
-        let owners = sh.opts.preserve_owner;
-        // What the user asked to leave alone: whatever DST has
-        // (--ignore-existing), or a file of the same kind that is newer
-        // there (--update).
-        let newer = dst.file_type() == st.file_type() && dst.mtime > st.mtime;
-        if sh.opts.ignore_existing || (sh.opts.update && newer) {
-            sh.stats.unchanged.fetch_add(1, Relaxed);
-            return true;
-        }
-        let differences = || compare::differences(st, &dst, sh.opts.cmp_mask(), owners);
-        match compare::verdict(st, &dst, sh.opts.cmp_mask(), owners, sh.opts.size_only) {
-            Verdict::Replace => {
-                self.why = differences();
+        let closer = match plan::existing(st, &dst, &sh.opts.rules()) {
+            Existing::Keep => {
+                sh.stats.unchanged.fetch_add(1, Relaxed);
+                return true;
+            }
+            Existing::Replace(why) => {
+                self.why = why;
                 return false;
             }
-            Verdict::DirInTheWay if sh.opts.delete => {
+            Existing::AfterDelete => {
                 // The tree goes with the other extras after a clean walk;
                 // the entry is copied after that (a dry run counts it now).
                 sh.extras.lock().expect("extras lock").push(Extras {
@@ -132,7 +127,7 @@ impl Worker {
                     });
                 return true;
             }
-            Verdict::DirInTheWay => {
+            Existing::Blocked => {
                 sh.fail(node.error(
                     dst_name,
                     Side::Dst,
@@ -141,28 +136,26 @@ impl Worker {
                 ));
                 return true;
             }
-            Verdict::Same | Verdict::FixMeta => {}
-        }
-        let differs = match st.file_type() {
-            FileType::RegularFile => {
-                if sh.opts.checksum && !self.same_content(node, src_name, dst_name) {
-                    Some("content")
-                } else if !self.links_intact(node, dst_name, st, &dst) {
-                    Some("hard links")
-                } else if st.ctime >= dst.ctime && !self.same_xattrs(node, src_name, dst_name) {
-                    Some("xattrs")
-                } else {
-                    None
-                }
-            }
-            FileType::Symlink => (!self.same_target(node, src_name, dst_name)).then_some("target"),
-            _ => None,
+            Existing::Looks(closer) => closer,
+        };
+        let differs = if closer.content && !self.same_content(node, src_name, dst_name) {
+            Some("content")
+        } else if closer.links && !self.links_intact(node, dst_name, st, &dst) {
+            Some("hard links")
+        } else if closer.xattrs && !self.same_xattrs(node, src_name, dst_name) {
+            Some("xattrs")
+        } else if closer.target && !self.same_target(node, src_name, dst_name) {
+            Some("target")
+        } else {
+            None
         };
         if let Some(why) = differs {
             self.why.push(why);
             return false;
         }
-        if !compare::meta_same(st, &dst, sh.opts.cmp_mask(), owners) {
+        let (mask, owners) = (sh.opts.cmp_mask(), sh.opts.preserve_owner);
+        let differences = || compare::differences(st, &dst, mask, owners);
+        if closer.fix_meta {
             if !sh.opts.dry_run {
                 if let Err(e) = self.fix_meta(node, dst_name, st) {
                     // Not fixable in place (say, a file DST cannot open): copy it.
@@ -223,9 +216,7 @@ impl Worker {
         ) else {
             return false;
         };
-        let Some(set) = self.shared.opts.xattrs else {
-            return true;
-        };
+        let set = self.shared.opts.xattrs.unwrap_or(sluice_sys::XattrSet::All);
         sluice_sys::xattrs_equal(s.as_fd(), d.as_fd(), set).unwrap_or(false)
     }
 

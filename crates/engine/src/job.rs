@@ -203,6 +203,20 @@ impl CopyOptions {
         p
     }
 
+    /// What the planner needs of these options.
+    pub(crate) fn rules(&self) -> crate::plan::Rules {
+        crate::plan::Rules {
+            perm_mask: self.cmp_mask(),
+            owners: self.preserve_owner,
+            size_only: self.size_only,
+            update: self.update,
+            ignore_existing: self.ignore_existing,
+            delete: self.delete,
+            checksum: self.checksum,
+            xattrs: self.xattrs.is_some(),
+        }
+    }
+
     /// Permission bits the quick check compares (none with `--no-perms`).
     pub(crate) fn cmp_mask(&self) -> u32 {
         if self.perms {
