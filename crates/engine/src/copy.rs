@@ -12,6 +12,7 @@ use crate::gauge::Activity;
 use crate::job::{LinkState, Reflink, Shared};
 use crate::plan;
 use crate::queue::Lane;
+use crate::source::SrcFile;
 use crate::tree::DirNode;
 use crate::worker::{Task, Worker};
 use sluice_sys::{CopyMethod, Errno, FileType, Stat};
@@ -156,7 +157,7 @@ pub(crate) struct BigFile {
     /// The temporary being filled; `None` when the final file itself is
     /// patched (`--inplace`).
     tmp: Option<TempName>,
-    src: OwnedFd,
+    src: SrcFile,
     dst: Arc<OwnedFd>,
     /// Whether `src` and `dst` were switched to `O_DIRECT`.
     direct: bool,
@@ -322,7 +323,7 @@ impl Worker {
                     reason: Reason::Changed(_),
                     ..
                 }) if attempt < self.shared.opts.retries => {
-                    match sluice_sys::stat_at(node.src.as_fd(), src_name) {
+                    match self.shared.source.stat(&node.src, src_name) {
                         Ok(now) if now.file_type() == FileType::RegularFile => st = now,
                         _ => return res,
                     }
@@ -342,7 +343,7 @@ impl Worker {
         dst_name: &CStr,
         st: &Stat,
     ) -> Result<(), EntryError> {
-        let src = sluice_sys::open_read_at(node.src.as_fd(), src_name)
+        let src = (self.shared.source.open(&node.src, src_name))
             .map_err(|e| node.error(src_name, Side::Src, "open", Reason::Os(e)))?;
         self.doing(Activity::Write);
         let pending = self.create_pending(node, dst_name, self.shared.create_mode(st))?;
@@ -352,17 +353,17 @@ impl Worker {
             // /proc says 0 bytes, /sys 4096: what a read returns is the file.
             self.doing(Activity::Copy);
             size = self
-                .copy_to_end(src.as_fd(), dst)
+                .copy_to_end(src.fd(), dst)
                 .map_err(|(op, e)| node.error(dst_name, copy_side(e), op, Reason::Os(e)))?;
         } else if st.size > 0 {
             let copied = self
-                .copy_data(src.as_fd(), dst, st)
+                .copy_data(src.fd(), dst, st)
                 .map_err(|(op, e)| node.error(dst_name, copy_side(e), op, Reason::Os(e)))?;
             // Size and mtime of the open file after the copy (one statx on
             // a hot inode, well under 1% of a small file's copy); a file
             // big enough to take a while is also looked up by name again,
             // to catch one replaced meanwhile.
-            check_unchanged(node, src_name, src.as_fd(), st, st.size >= DIRECT_MIN)?;
+            check_unchanged(node, src_name, &src, st, st.size >= DIRECT_MIN)?;
             if copied != st.size && !st.is_sparse() {
                 return Err(node.error(
                     src_name,
@@ -372,7 +373,7 @@ impl Worker {
                 ));
             }
             if self.shared.opts.verify {
-                self.read_back(node, dst_name, src.as_fd(), dst, 0, st.size)?;
+                self.read_back(node, dst_name, src.fd(), dst, 0, st.size)?;
             }
             // A sparse file's size was set before its data: after a power
             // loss it could come back full-sized with SRC's mtime and
@@ -386,7 +387,7 @@ impl Worker {
             }
         }
         self.doing(Activity::Write);
-        self.finish_file(node, src.as_fd(), dst, dst_name, st)?;
+        self.finish_file(node, src.fd(), dst, dst_name, st)?;
         pending
             .commit(&self.shared, node, dst_name)
             .map_err(|e| node.error(dst_name, Side::Dst, "rename into place", Reason::Os(e)))?;
@@ -706,7 +707,7 @@ impl Worker {
         st: &Stat,
     ) -> Result<(), EntryError> {
         let reuse = std::mem::take(&mut self.scratch.link);
-        let target = sluice_sys::readlink_at(node.src.as_fd(), src_name, reuse)
+        let target = (self.shared.source.read_link(&node.src, src_name, reuse))
             .map_err(|e| node.error(src_name, Side::Src, "readlink", Reason::Os(e)))?;
         let placed = self.place_at(node, dst_name, st, "symlink", |dir, tmp| {
             sluice_sys::symlink_at(&target, dir, tmp)
@@ -948,7 +949,7 @@ impl Worker {
         chunks: u64,
         attempt: u32,
     ) -> Result<Arc<BigFile>, EntryError> {
-        let src = sluice_sys::open_read_at(node.src.as_fd(), src_name)
+        let src = (self.shared.source.open(&node.src, src_name))
             .map_err(|e| node.error(src_name, Side::Src, "open", Reason::Os(e)))?;
         let rel = node.child_rel(dst_name);
         let chunk_size = self.shared.opts.chunk_size;
@@ -973,7 +974,7 @@ impl Worker {
                     .map_err(|e| err("create temporary for", e))?;
                 let guard = TempGuard::new(node.dst(), tmp);
                 let cloned = self
-                    .try_clone(src.as_fd(), dst.as_fd())
+                    .try_clone(src.fd(), dst.as_fd())
                     .map_err(|(op, e)| err(op, e))?;
                 let delta = !cloned && node.existed && self.clone_old(node, dst_name, dst.as_fd());
                 if !cloned {
@@ -997,7 +998,7 @@ impl Worker {
             Some(rec) => (0..chunks).filter(|&i| !rec.is_done(i)).collect(),
             None => (0..chunks).collect(),
         };
-        let direct = !cloned && self.use_direct(src.as_fd(), dst.as_fd(), st);
+        let direct = !cloned && self.use_direct(src.fd(), dst.as_fd(), st);
         // In place needs no record: the source's mtime is set last, so an
         // interrupted file still looks changed and is compared again.
         let journaled = !todo.is_empty() && journal.is_some() && record.is_some();
@@ -1059,7 +1060,7 @@ impl Worker {
                     self.read_back(
                         &big.node,
                         &big.dst_name,
-                        big.src.as_fd(),
+                        big.src.fd(),
                         big.dst.as_fd(),
                         off,
                         len,
@@ -1095,7 +1096,7 @@ impl Worker {
 
     fn copy_chunk(&mut self, big: &BigFile, i: u64) -> Result<(), (&'static str, Errno)> {
         let (off, len) = plan::chunk_range(big.st.size, self.shared.opts.chunk_size, i);
-        let (src, dst) = (big.src.as_fd(), big.dst.as_fd());
+        let (src, dst) = (big.src.fd(), big.dst.as_fd());
         self.doing(Activity::Copy);
         let copied = if big.delta {
             self.patch_range(src, dst, off, len, big.direct)?
@@ -1142,7 +1143,7 @@ impl Worker {
         }
         big.committed.store(true, Relaxed); // settled: Drop leaves it alone
         self.shared.stats.retries.fetch_add(1, Relaxed);
-        let st = match sluice_sys::stat_at(big.node.src.as_fd(), &big.src_name) {
+        let st = match self.shared.source.stat(&big.node.src, &big.src_name) {
             Ok(st) if st.file_type() == FileType::RegularFile => st,
             Ok(_) | Err(_) => {
                 return self.shared.fail(big.node.error(
@@ -1169,7 +1170,7 @@ impl Worker {
             return Err(err);
         }
         let node = &big.node;
-        check_unchanged(node, &big.src_name, big.src.as_fd(), &big.st, true)?;
+        check_unchanged(node, &big.src_name, &big.src, &big.st, true)?;
         let shared = self.shared.clone();
         let journal = shared.journal.as_ref().filter(|_| big.journaled);
         if journal.is_some_and(|j| j.sync_failed(&big.rel)) {
@@ -1192,13 +1193,7 @@ impl Worker {
             sluice_sys::sync_data(big.dst.as_fd())
                 .map_err(|e| node.error(&big.dst_name, Side::Dst, "write back", Reason::Os(e)))?;
         }
-        self.finish_file(
-            node,
-            big.src.as_fd(),
-            big.dst.as_fd(),
-            &big.dst_name,
-            &big.st,
-        )?;
+        self.finish_file(node, big.src.fd(), big.dst.as_fd(), &big.dst_name, &big.st)?;
         if let Some(tmp) = &big.tmp {
             sluice_sys::rename_at(node.dst(), tmp.as_cstr(), node.dst(), &big.dst_name).map_err(
                 |e| node.error(&big.dst_name, Side::Dst, "rename into place", Reason::Os(e)),
@@ -1255,13 +1250,14 @@ fn resume_temp(
 fn check_unchanged(
     node: &DirNode,
     name: &CStr,
-    src: BorrowedFd<'_>,
+    src: &SrcFile,
     st: &Stat,
     by_name: bool,
 ) -> Result<(), EntryError> {
+    let source = &node.shared.source;
     let changed = |what: String| Err(node.error(name, Side::Src, "read", Reason::Changed(what)));
     let now =
-        sluice_sys::stat_fd(src).map_err(|e| node.error(name, Side::Src, "stat", Reason::Os(e)))?;
+        (source.stat_file(src)).map_err(|e| node.error(name, Side::Src, "stat", Reason::Os(e)))?;
     if now.size != st.size || now.mtime != st.mtime {
         return changed(format!(
             "size {} -> {}, mtime {}.{:09} -> {}.{:09}",
@@ -1269,7 +1265,7 @@ fn check_unchanged(
         ));
     }
     if by_name {
-        match sluice_sys::stat_at(node.src.as_fd(), name) {
+        match source.stat(&node.src, name) {
             Ok(named) if named.ino == st.ino => {}
             Ok(_) => return changed("replaced by another file".into()),
             Err(Errno::NOENT) => return changed("removed".into()),

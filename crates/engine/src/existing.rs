@@ -12,6 +12,7 @@ use crate::copy::link_key;
 use crate::error::{Reason, Side};
 use crate::job::{LinkState, Shared};
 use crate::plan::{self, Existing};
+use crate::source::SrcDir;
 use crate::tree::DirNode;
 use crate::worker::Worker;
 use sluice_sys::{Errno, FileType, Stat};
@@ -211,13 +212,13 @@ impl Worker {
     /// which change nothing but the ctime, are seen.
     fn same_xattrs(&self, node: &DirNode, src_name: &CStr, dst_name: &CStr) -> bool {
         let (Ok(s), Ok(d)) = (
-            sluice_sys::open_read_at(node.src.as_fd(), src_name),
+            self.shared.source.open(&node.src, src_name),
             sluice_sys::open_read_at(node.dst(), dst_name),
         ) else {
             return false;
         };
         let set = self.shared.opts.xattrs.unwrap_or(sluice_sys::XattrSet::All);
-        sluice_sys::xattrs_equal(s.as_fd(), d.as_fd(), set).unwrap_or(false)
+        sluice_sys::xattrs_equal(s.fd(), d.as_fd(), set).unwrap_or(false)
     }
 
     /// Whether a hard-linked source file's name in DST is linked like in
@@ -241,7 +242,7 @@ impl Worker {
     /// Whether a symlink in DST points where the source's does.
     fn same_target(&mut self, node: &DirNode, src_name: &CStr, dst_name: &CStr) -> bool {
         let reuse = std::mem::take(&mut self.scratch.link);
-        let Ok(src) = sluice_sys::readlink_at(node.src.as_fd(), src_name, reuse) else {
+        let Ok(src) = self.shared.source.read_link(&node.src, src_name, reuse) else {
             return false;
         };
         let same =
@@ -254,16 +255,17 @@ impl Worker {
     /// so comparing the bytes is cheaper than hashing them.
     fn same_content(&mut self, node: &DirNode, src_name: &CStr, dst_name: &CStr) -> bool {
         let (Ok(src), Ok(dst)) = (
-            sluice_sys::open_read_at(node.src.as_fd(), src_name),
+            self.shared.source.open(&node.src, src_name),
             sluice_sys::open_read_at(node.dst(), dst_name),
         ) else {
             return false;
         };
+        let source = &self.shared.source;
         let buf = self.scratch.buf();
         let (a, b) = buf.split_at_mut(buf.len() / 2);
         let mut off = 0u64;
         loop {
-            let n = match sluice_sys::read_full_at(src.as_fd(), a, off) {
+            let n = match source.read_at(&src, a, off) {
                 Ok(n) => n,
                 Err(_) => return false,
             };
@@ -327,7 +329,7 @@ impl Worker {
     pub(crate) fn scan_existing(
         &mut self,
         rel: &[u8],
-        src: BorrowedFd<'_>,
+        src: &SrcDir,
         dst: BorrowedFd<'_>,
         dst_id: (u32, u32, u64),
         src_stat: &Stat,
@@ -367,7 +369,7 @@ impl Worker {
             if !wants_extras {
                 return true;
             }
-            match sluice_sys::stat_at(src, name) {
+            match sh.source.stat(src, name) {
                 Err(Errno::NOENT) => {}
                 _ => return true, // in SRC, or unknown: never delete on doubt
             }

@@ -431,6 +431,8 @@ pub(crate) enum LinkState {
 /// State shared by the streams of one job.
 pub(crate) struct Shared {
     pub opts: CopyOptions,
+    /// Where entries are read from.
+    pub source: Box<dyn crate::source::Source>,
     pub queue: Queue<Task>,
     pub stats: Arc<Stats>,
     reporter: Arc<dyn Reporter>,
@@ -783,6 +785,7 @@ fn run(
         // -j auto could add (a longer queue only spreads a directory's
         // files); the tuner resizes it with the stream target.
         queue: Queue::new(opts.jobs.min(jobs) * crate::tune::QUEUE_PER_STREAM, 256),
+        source: Box::new(crate::source::LocalSource),
         stats,
         reporter,
         cancel,
@@ -820,7 +823,7 @@ fn run(
         dst_id: facts.id,
         default_acl: facts.default_acl,
         src_kind: sluice_sys::fs_kind(roots.src_fd.as_fd()),
-        src: roots.src_fd,
+        src: crate::source::SrcDir::local(roots.src_fd),
         dst: roots.dst_fd,
         // A single file's target directory is the user's: its entry is
         // compared like any in an existing directory.

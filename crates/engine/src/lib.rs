@@ -30,6 +30,7 @@ mod job;
 mod journal;
 pub mod plan;
 mod queue;
+pub mod source;
 pub mod target;
 mod throttle;
 mod tree;

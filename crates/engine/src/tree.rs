@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 /// An open directory pair: the source directory and its copy in DST.
 pub struct DirNode {
-    pub src: OwnedFd,
+    pub src: crate::source::SrcDir,
     /// `None` in a dry run, where DST is never touched.
     pub dst: Option<OwnedFd>,
     /// Whether the DST directory existed before this run: only then are

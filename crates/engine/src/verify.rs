@@ -11,6 +11,7 @@ use crate::error::{EntryError, Reason, Side};
 use crate::job::HashKind;
 use crate::plan;
 use crate::queue::Lane;
+use crate::source::SrcFile;
 use crate::tree::DirNode;
 use crate::worker::{Task, Worker};
 use sluice_sys::{Errno, FileType, Stat};
@@ -94,7 +95,7 @@ const DIRECT_MIN: u64 = 1 << 20;
 pub(crate) struct CheckBig {
     node: Arc<DirNode>,
     name: CString,
-    src: OwnedFd,
+    src: SrcFile,
     dst: OwnedFd,
     st: Stat,
     dst_st: Stat,
@@ -106,14 +107,14 @@ pub(crate) struct CheckBig {
 }
 
 /// Opens `name` for reading on both sides.
-fn open_pair(node: &DirNode, name: &CStr) -> Result<(OwnedFd, OwnedFd), EntryError> {
-    let open = |dir, side| {
-        sluice_sys::open_read_at(dir, name)
-            .map_err(|e| node.error(name, side, "open", Reason::Os(e)))
-    };
+fn open_pair(node: &DirNode, name: &CStr) -> Result<(SrcFile, OwnedFd), EntryError> {
+    let err = |side| move |e| node.error(name, side, "open", Reason::Os(e));
     Ok((
-        open(node.src.as_fd(), Side::Src)?,
-        open(node.dst(), Side::Dst)?,
+        node.shared
+            .source
+            .open(&node.src, name)
+            .map_err(err(Side::Src))?,
+        sluice_sys::open_read_at(node.dst(), name).map_err(err(Side::Dst))?,
     ))
 }
 
@@ -274,7 +275,7 @@ impl Worker {
                     Ok(fds) => fds,
                     Err(err) => return sh.fail(err),
                 };
-                let same = self.same_range(src_fd.as_fd(), dst_fd.as_fd(), 0, u64::MAX);
+                let same = self.same_range(src_fd.fd(), dst_fd.as_fd(), 0, u64::MAX);
                 match same {
                     Err((side, e)) => {
                         return sh.fail(node.error(name, side, "read", Reason::Os(e)))
@@ -289,7 +290,7 @@ impl Worker {
                 }
             }
             FileType::Symlink => {
-                let s = sluice_sys::readlink_at(node.src.as_fd(), name, Vec::new());
+                let s = sh.source.read_link(&node.src, name, Vec::new());
                 let d = sluice_sys::readlink_at(node.dst(), name, Vec::new());
                 match (s, d) {
                     (Ok(s), Ok(d)) if s == d => {
@@ -314,7 +315,7 @@ impl Worker {
             if !sh.opts.check.is_some_and(|c| c.metadata) {
                 return None;
             }
-            let borrowed = fds.as_ref().map(|(s, d)| (s.as_fd(), d.as_fd()));
+            let borrowed = fds.as_ref().map(|(s, d)| (s.fd(), d.as_fd()));
             self.meta_difference(st, &dst, borrowed)
         });
         if let Some(what) = what {
@@ -335,10 +336,10 @@ impl Worker {
         };
         if sh.opts.direct && st.size >= DIRECT_MIN && !st.is_sparse() {
             // Both or neither: a failed switch just means cached reads.
-            if sluice_sys::set_direct(src.as_fd(), true).is_ok()
+            if sluice_sys::set_direct(src.fd(), true).is_ok()
                 && sluice_sys::set_direct(dst.as_fd(), true).is_err()
             {
-                let _ = sluice_sys::set_direct(src.as_fd(), false);
+                let _ = sluice_sys::set_direct(src.fd(), false);
             }
         }
         let big = Arc::new(CheckBig {
@@ -372,7 +373,7 @@ impl Worker {
                 && big.failed.lock().expect("chunk lock").is_none();
             if pending {
                 let (off, len) = plan::chunk_range(big.st.size, self.shared.opts.chunk_size, i);
-                match self.same_range(big.src.as_fd(), big.dst.as_fd(), off, len) {
+                match self.same_range(big.src.fd(), big.dst.as_fd(), off, len) {
                     Ok(true) => {
                         self.shared.stats.bytes_copied.fetch_add(len, Relaxed);
                         self.shared.stats.chunk_bytes.fetch_add(len, Relaxed);
@@ -409,7 +410,7 @@ impl Worker {
         }
         sh.stats.files_copied.fetch_add(1, Relaxed);
         if sh.opts.check.is_some_and(|c| c.metadata) {
-            let fds = Some((big.src.as_fd(), big.dst.as_fd()));
+            let fds = Some((big.src.fd(), big.dst.as_fd()));
             if let Some(what) = self.meta_difference(&big.st, &big.dst_st, fds) {
                 sh.differs(Side::Src, &rel, &what);
             }

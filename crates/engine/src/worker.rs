@@ -205,7 +205,7 @@ impl Worker {
                 if node.existed
                     && !self.scan_existing(
                         &node.rel,
-                        node.src.as_fd(),
+                        &node.src,
                         node.dst(),
                         node.dst_id,
                         &node.stat,
@@ -270,7 +270,7 @@ impl Worker {
     /// Opens a subdirectory, creates its copy in DST, then lists it.
     fn enter_dir(&mut self, parent: Arc<DirNode>, name: &CStr, st: Stat, listing: Listing) {
         let sh = &self.shared;
-        let src = match sluice_sys::open_dir_at(parent.src.as_fd(), name) {
+        let src = match sh.source.open_dir(&parent.src, name) {
             Ok(fd) => fd,
             Err(sluice_sys::Errno::NOENT) => return vanished(sh, &parent.child_rel(name)),
             Err(e) => {
@@ -331,14 +331,14 @@ impl Worker {
             let id = crate::tree::dir_id(dst_st);
             if existed
                 && descend_existing
-                && !self.scan_existing(&rel, src.as_fd(), dst.as_fd(), id, &st, true)
+                && !self.scan_existing(&rel, &src, dst.as_fd(), id, &st, true)
             {
                 return;
             }
             if !self.shared.writes() {
                 // a dry run or a verify: nothing is written
             } else if let Err(err) =
-                self.dir_owner_and_xattrs(&parent, name, src.as_fd(), dst.as_fd(), &st, existed)
+                self.dir_owner_and_xattrs(&parent, name, src.fd(), dst.as_fd(), &st, existed)
             {
                 self.shared.fail(err);
             }
@@ -360,7 +360,7 @@ impl Worker {
         let src_kind = if st.dev == parent.stat.dev {
             parent.src_kind
         } else {
-            sluice_sys::fs_kind(src.as_fd())
+            self.shared.source.kind(&src)
         };
         let node = Arc::new(DirNode {
             creates_as: facts.creates_as,
@@ -423,81 +423,82 @@ impl Worker {
         let stats = &shared.stats;
         let filter = &opts.filter;
         let is_root = node.parent.is_none();
-        let res = stream.for_each(node.src.as_fd(), |entry| {
-            if shared.stopped() {
-                return false;
-            }
-            if is_root {
-                shared.src_root_entries.fetch_add(1, Relaxed);
-            }
-            self.doing(Activity::Walk);
-            let name = entry.name;
-            let st = match sluice_walk::stat_entry(node.src.as_fd(), name) {
-                Ok(st) => st,
-                Err(sluice_sys::Errno::NOENT) => {
-                    if entry.is_dir {
-                        vanished(&shared, &node.child_rel(name));
+        let res = shared
+            .source
+            .list(&node.src, &mut stream, &mut |name, is_dir| {
+                if shared.stopped() {
+                    return false;
+                }
+                if is_root {
+                    shared.src_root_entries.fetch_add(1, Relaxed);
+                }
+                self.doing(Activity::Walk);
+                let st = match shared.source.stat(&node.src, name) {
+                    Ok(st) => st,
+                    Err(sluice_sys::Errno::NOENT) => {
+                        if is_dir {
+                            vanished(&shared, &node.child_rel(name));
+                        }
+                        return true;
                     }
-                    return true;
-                }
-                Err(e) => {
-                    shared.fail(node.error(name, Side::Src, "stat", Reason::Os(e)));
-                    return true;
-                }
-            };
-            let st = source_stat(&node, st);
-            let action = source_action(&node, &st, opts.chunk_size, opts.privileged);
-            if !filter.is_empty() {
-                let rel = if filter.needs_path() {
-                    opts.filter_path(node.child_rel(name))
-                } else {
-                    Vec::new()
+                    Err(e) => {
+                        shared.fail(node.error(name, Side::Src, "stat", Reason::Os(e)));
+                        return true;
+                    }
                 };
-                if filter.excludes(name.to_bytes(), &rel, action == Action::Dir) {
-                    stats.skipped.fetch_add(1, Relaxed);
-                    return true;
+                let st = source_stat(&node, st);
+                let action = source_action(&node, &st, opts.chunk_size, opts.privileged);
+                if !filter.is_empty() {
+                    let rel = if filter.needs_path() {
+                        opts.filter_path(node.child_rel(name))
+                    } else {
+                        Vec::new()
+                    };
+                    if filter.excludes(name.to_bytes(), &rel, action == Action::Dir) {
+                        stats.skipped.fetch_add(1, Relaxed);
+                        return true;
+                    }
                 }
-            }
-            if let Some((lo, hi)) = opts.size_window {
-                // Only regular files in the window are part of the job.
-                let regular = matches!(action, Action::Whole | Action::Chunked { .. });
-                if action != Action::Dir && !(regular && st.size >= lo && st.size < hi) {
-                    return true;
+                if let Some((lo, hi)) = opts.size_window {
+                    // Only regular files in the window are part of the job.
+                    let regular = matches!(action, Action::Whole | Action::Chunked { .. });
+                    if action != Action::Dir && !(regular && st.size >= lo && st.size < hi) {
+                        return true;
+                    }
                 }
-            }
-            stats.entries_found.fetch_add(1, Relaxed);
-            match action {
-                Action::Dir => self.spawn(Task::Dir {
-                    parent: node.clone(),
-                    name: name.to_owned(),
-                    st,
-                    listing: Listing::new(&shared.stats),
-                }),
-                Action::Chunked { chunks } => {
-                    stats.bytes_found.fetch_add(st.size, Relaxed);
-                    self.start_big(&node, name, name, &st, chunks);
-                }
-                Action::Skip(why) => self.skip(&node, name, why),
-                Action::Whole | Action::Symlink | Action::Special => {
-                    stats.bytes_found.fetch_add(st.size, Relaxed);
-                    batch.push(name, st);
-                    if batch.entries.len() >= BATCH {
-                        let full = std::mem::replace(&mut batch, FileBatch::new(node.clone()));
-                        // A directory's files stay on the stream that lists
-                        // it: streams creating files in one directory contend
-                        // for its lock (measured: half the CPU spent spinning
-                        // on it with 2 streams). Only idle streams are handed
-                        // a share, as in a single huge directory.
-                        if shared.queue.has_idle() {
-                            self.spawn(Task::Files(full));
-                        } else {
-                            self.run_task(Task::Files(full));
+                stats.entries_found.fetch_add(1, Relaxed);
+                match action {
+                    Action::Dir => self.spawn(Task::Dir {
+                        parent: node.clone(),
+                        name: name.to_owned(),
+                        st,
+                        listing: Listing::new(&shared.stats),
+                    }),
+                    Action::Chunked { chunks } => {
+                        stats.bytes_found.fetch_add(st.size, Relaxed);
+                        self.start_big(&node, name, name, &st, chunks);
+                    }
+                    Action::Skip(why) => self.skip(&node, name, why),
+                    Action::Whole | Action::Symlink | Action::Special => {
+                        stats.bytes_found.fetch_add(st.size, Relaxed);
+                        batch.push(name, st);
+                        if batch.entries.len() >= BATCH {
+                            let full = std::mem::replace(&mut batch, FileBatch::new(node.clone()));
+                            // A directory's files stay on the stream that lists
+                            // it: streams creating files in one directory contend
+                            // for its lock (measured: half the CPU spent spinning
+                            // on it with 2 streams). Only idle streams are handed
+                            // a share, as in a single huge directory.
+                            if shared.queue.has_idle() {
+                                self.spawn(Task::Files(full));
+                            } else {
+                                self.run_task(Task::Files(full));
+                            }
                         }
                     }
                 }
-            }
-            true
-        });
+                true
+            });
         if let Err(e) = res {
             shared.fail(node.self_error(Side::Src, "read directory", Reason::Os(e)));
         }
