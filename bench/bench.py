@@ -30,7 +30,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SLUICE = os.path.join(ROOT, "target", "release", "sluice")
+# SLUICE=PATH runs that binary as "sluice" (a frozen copy, so a rebuild
+# while the bench runs does not change what is measured).
+SLUICE = os.environ.get("SLUICE") or os.path.join(ROOT, "target", "release", "sluice")
 XCP = shutil.which("xcp") or os.path.expanduser("~/.cargo/bin/xcp")
 MNT = "/mnt/sluice-bench-dst"
 

@@ -373,7 +373,7 @@ impl Worker {
                 ));
             }
             if self.shared.opts.verify {
-                self.read_back(node, dst_name, src.fd(), dst, 0, st.size)?;
+                self.read_back(node, dst_name, &src, dst, 0, st.size)?;
             }
             // A sparse file's size was set before its data: after a power
             // loss it could come back full-sized with SRC's mtime and
@@ -1060,7 +1060,7 @@ impl Worker {
                     self.read_back(
                         &big.node,
                         &big.dst_name,
-                        big.src.fd(),
+                        &big.src,
                         big.dst.as_fd(),
                         off,
                         len,
@@ -1099,7 +1099,7 @@ impl Worker {
         let (src, dst) = (big.src.fd(), big.dst.as_fd());
         self.doing(Activity::Copy);
         let copied = if big.delta {
-            self.patch_range(src, dst, off, len, big.direct)?
+            self.patch_range(&big.src, dst, off, len, big.direct)?
         } else if big.direct {
             self.copy_direct(src, dst, off, len)?
         } else if big.st.is_sparse() {

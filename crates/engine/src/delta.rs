@@ -20,6 +20,7 @@
 //! first would only add reads.
 
 use crate::gauge::Activity;
+use crate::source::SrcFile;
 use crate::tree::DirNode;
 use crate::worker::Worker;
 use sluice_sys::{Errno, FileType, Stat};
@@ -75,7 +76,7 @@ impl Worker {
     /// buffer at a time). Returns the bytes written.
     pub(crate) fn patch_range(
         &mut self,
-        src: BorrowedFd<'_>,
+        src: &SrcFile,
         dst: BorrowedFd<'_>,
         off: u64,
         len: u64,
@@ -83,6 +84,7 @@ impl Worker {
     ) -> Result<u64, (&'static str, Errno)> {
         let align = sluice_sys::DIRECT_ALIGN;
         let (gauge, id, throttle) = (&self.shared.gauge, self.id(), &self.shared.throttle);
+        let source = &self.shared.source;
         let buf = self.scratch.buf();
         let (a, b) = buf.split_at_mut(buf.len() / 2);
         let (mut done, mut written) = (0u64, 0u64);
@@ -91,7 +93,7 @@ impl Worker {
             let step = want.next_multiple_of(align).min(a.len());
             let at = off + done;
             gauge.set(id, Activity::Read);
-            let n = sluice_sys::read_full_at(src, &mut a[..step], at).map_err(|e| ("read", e))?;
+            let n = (source.read_at(src, &mut a[..step], at)).map_err(|e| ("read", e))?;
             let n = n.min(want);
             if n == 0 {
                 break;

@@ -129,15 +129,7 @@ pub struct Check {
     pub metadata: bool,
 }
 
-/// The 128-bit (or wider) hash content is compared by.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum HashKind {
-    /// XXH3-128: ~30 GB/s per core, far beyond any disk.
-    #[default]
-    Xxh3,
-    /// BLAKE3: cryptographic, for when a collision must be infeasible.
-    Blake3,
-}
+pub use crate::hash::HashKind;
 
 /// Default chunk size: at 64 MiB a chunk takes ~0.1 s at disk speed, small
 /// enough that 8 streams share an 8 GiB file evenly and a resumed copy

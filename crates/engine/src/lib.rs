@@ -25,6 +25,7 @@ mod delta;
 pub mod error;
 mod existing;
 pub mod gauge;
+pub mod hash;
 pub mod image;
 mod job;
 mod journal;

@@ -13,6 +13,7 @@
 //! [`SrcFile::fd`] and [`SrcDir::fd`]; they are the sites a remote handle,
 //! which has none, must go around.
 
+use crate::hash::{Digest, HashKind};
 use sluice_sys::{Errno, FsKind, Stat};
 use sluice_walk::DirStream;
 use std::ffi::{CStr, CString};
@@ -43,6 +44,10 @@ impl SrcFile {
     }
 }
 
+/// What [`Source::list`] calls for each entry: its name, whether the
+/// listing says it is a directory, and its `statx`.
+pub type Each<'a> = &'a mut dyn FnMut(&CStr, bool, Result<Stat, Errno>) -> bool;
+
 /// What the engine asks of SRC. Names are single components (the sys
 /// layer refuses anything else); nothing here writes.
 pub trait Source: Send + Sync {
@@ -52,15 +57,12 @@ pub trait Source: Send + Sync {
     fn stat_dir(&self, dir: &SrcDir) -> Result<Stat, Errno>;
     /// What the directory's file system reports sizes as.
     fn kind(&self, dir: &SrcDir) -> FsKind;
-    /// Calls `each` with every entry's name (and whether the listing says
-    /// it is a directory) until it returns false. Memory does not grow
-    /// with the directory: `buf` is reused.
-    fn list(
-        &self,
-        dir: &SrcDir,
-        buf: &mut DirStream,
-        each: &mut dyn FnMut(&CStr, bool) -> bool,
-    ) -> Result<(), Errno>;
+    /// Calls `each` with every entry's name, whether the listing says it
+    /// is a directory, and its `statx` (not following a symlink), until it
+    /// returns false. The stats come with the listing, so a source across
+    /// a wire answers a directory in one exchange, never one per entry.
+    /// Memory does not grow with the directory: `buf` is reused.
+    fn list(&self, dir: &SrcDir, buf: &mut DirStream, each: Each<'_>) -> Result<(), Errno>;
     /// `statx` of an entry, not following a symlink.
     fn stat(&self, dir: &SrcDir, name: &CStr) -> Result<Stat, Errno>;
     /// Where a symlink points (`reuse` is a buffer to fill).
@@ -71,6 +73,17 @@ pub trait Source: Send + Sync {
     fn stat_file(&self, file: &SrcFile) -> Result<Stat, Errno>;
     /// Reads up to `buf.len()` bytes at `off`; fewer only at the end.
     fn read_at(&self, file: &SrcFile, buf: &mut [u8], off: u64) -> Result<usize, Errno>;
+    /// Digest of `[off, off + len)` (to the end with `u64::MAX`) and the
+    /// bytes it covers, read through `buf` (aligned for `O_DIRECT`). A
+    /// source across a wire hashes at its end and sends the digest.
+    fn hash(
+        &self,
+        file: &SrcFile,
+        off: u64,
+        len: u64,
+        buf: &mut [u8],
+        kind: HashKind,
+    ) -> Result<(Digest, u64), Errno>;
 }
 
 /// A source on a local file system.
@@ -89,13 +102,11 @@ impl Source for LocalSource {
         sluice_sys::fs_kind(dir.fd())
     }
 
-    fn list(
-        &self,
-        dir: &SrcDir,
-        buf: &mut DirStream,
-        each: &mut dyn FnMut(&CStr, bool) -> bool,
-    ) -> Result<(), Errno> {
-        buf.for_each(dir.fd(), |e| each(e.name, e.is_dir))
+    fn list(&self, dir: &SrcDir, buf: &mut DirStream, each: Each<'_>) -> Result<(), Errno> {
+        let fd = dir.fd();
+        buf.for_each(fd, |e| {
+            each(e.name, e.is_dir, sluice_walk::stat_entry(fd, e.name))
+        })
     }
 
     fn stat(&self, dir: &SrcDir, name: &CStr) -> Result<Stat, Errno> {
@@ -116,5 +127,16 @@ impl Source for LocalSource {
 
     fn read_at(&self, file: &SrcFile, buf: &mut [u8], off: u64) -> Result<usize, Errno> {
         sluice_sys::read_full_at(file.fd(), buf, off)
+    }
+
+    fn hash(
+        &self,
+        file: &SrcFile,
+        off: u64,
+        len: u64,
+        buf: &mut [u8],
+        kind: HashKind,
+    ) -> Result<(Digest, u64), Errno> {
+        crate::hash::hash_range(file.fd(), off, len, buf, kind)
     }
 }

@@ -8,7 +8,7 @@
 //! chunk on all streams at once, with `O_DIRECT` reads where allowed.
 
 use crate::error::{EntryError, Reason, Side};
-use crate::job::HashKind;
+use crate::hash::hash_range;
 use crate::plan;
 use crate::queue::Lane;
 use crate::source::SrcFile;
@@ -20,73 +20,6 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
-
-/// A content digest: XXH3-128 in the first 16 bytes, or all 32 of BLAKE3.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) struct Digest([u8; 32]);
-
-enum Hasher {
-    Xxh3(Box<xxhash_rust::xxh3::Xxh3>),
-    Blake3(Box<blake3::Hasher>),
-}
-
-impl Hasher {
-    fn new(kind: HashKind) -> Hasher {
-        match kind {
-            HashKind::Xxh3 => Hasher::Xxh3(Box::default()),
-            HashKind::Blake3 => Hasher::Blake3(Box::default()),
-        }
-    }
-
-    fn update(&mut self, data: &[u8]) {
-        match self {
-            Hasher::Xxh3(h) => h.update(data),
-            Hasher::Blake3(h) => {
-                h.update(data);
-            }
-        }
-    }
-
-    fn finish(self) -> Digest {
-        let mut d = [0u8; 32];
-        match self {
-            Hasher::Xxh3(h) => d[..16].copy_from_slice(&h.digest128().to_le_bytes()),
-            Hasher::Blake3(h) => d.copy_from_slice(h.finalize().as_bytes()),
-        }
-        Digest(d)
-    }
-}
-
-/// Hashes `[off, off + len)` of `fd` (to the end of the file when `len` is
-/// `u64::MAX`) through `buf`, which is aligned for `O_DIRECT` descriptors.
-/// Returns the digest and the bytes read.
-pub(crate) fn hash_range(
-    fd: BorrowedFd<'_>,
-    off: u64,
-    len: u64,
-    buf: &mut [u8],
-    kind: HashKind,
-) -> Result<(Digest, u64), Errno> {
-    let mut h = Hasher::new(kind);
-    let mut done = 0u64;
-    while done < len {
-        // Direct reads need aligned lengths; at the end of the file they
-        // come back short.
-        let want = (len - done).min(buf.len() as u64);
-        let step = (want.next_multiple_of(sluice_sys::DIRECT_ALIGN as u64) as usize).min(buf.len());
-        let n = sluice_sys::read_full_at(fd, &mut buf[..step], off + done)?;
-        let n = n.min(want as usize);
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        done += n as u64;
-        if (n as u64) < want {
-            break; // end of file
-        }
-    }
-    Ok((h.finish(), done))
-}
 
 /// Files from this size up are read with `O_DIRECT` when comparing.
 const DIRECT_MIN: u64 = 1 << 20;
@@ -136,7 +69,7 @@ impl Worker {
     /// they match. The stream's buffer is split between the two sides.
     fn same_range(
         &mut self,
-        src: BorrowedFd<'_>,
+        src: &SrcFile,
         dst: BorrowedFd<'_>,
         off: u64,
         len: u64,
@@ -145,7 +78,8 @@ impl Worker {
         self.doing(crate::gauge::Activity::Read);
         let buf = self.scratch.buf();
         let (a, b) = buf.split_at_mut(buf.len() / 2);
-        let (ds, ns) = hash_range(src, off, len, a, kind).map_err(|e| (Side::Src, e))?;
+        let source = &self.shared.source;
+        let (ds, ns) = (source.hash(src, off, len, a, kind)).map_err(|e| (Side::Src, e))?;
         let (dd, nd) = hash_range(dst, off, len, b, kind).map_err(|e| (Side::Dst, e))?;
         Ok(ds == dd && ns == nd)
     }
@@ -157,7 +91,7 @@ impl Worker {
         &mut self,
         node: &DirNode,
         dst_name: &CStr,
-        src: BorrowedFd<'_>,
+        src: &SrcFile,
         dst: BorrowedFd<'_>,
         off: u64,
         len: u64,
@@ -275,7 +209,7 @@ impl Worker {
                     Ok(fds) => fds,
                     Err(err) => return sh.fail(err),
                 };
-                let same = self.same_range(src_fd.fd(), dst_fd.as_fd(), 0, u64::MAX);
+                let same = self.same_range(&src_fd, dst_fd.as_fd(), 0, u64::MAX);
                 match same {
                     Err((side, e)) => {
                         return sh.fail(node.error(name, side, "read", Reason::Os(e)))
@@ -373,7 +307,7 @@ impl Worker {
                 && big.failed.lock().expect("chunk lock").is_none();
             if pending {
                 let (off, len) = plan::chunk_range(big.st.size, self.shared.opts.chunk_size, i);
-                match self.same_range(big.src.fd(), big.dst.as_fd(), off, len) {
+                match self.same_range(&big.src, big.dst.as_fd(), off, len) {
                     Ok(true) => {
                         self.shared.stats.bytes_copied.fetch_add(len, Relaxed);
                         self.shared.stats.chunk_bytes.fetch_add(len, Relaxed);

@@ -425,7 +425,7 @@ impl Worker {
         let is_root = node.parent.is_none();
         let res = shared
             .source
-            .list(&node.src, &mut stream, &mut |name, is_dir| {
+            .list(&node.src, &mut stream, &mut |name, is_dir, st| {
                 if shared.stopped() {
                     return false;
                 }
@@ -433,7 +433,7 @@ impl Worker {
                     shared.src_root_entries.fetch_add(1, Relaxed);
                 }
                 self.doing(Activity::Walk);
-                let st = match shared.source.stat(&node.src, name) {
+                let st = match st {
                     Ok(st) => st,
                     Err(sluice_sys::Errno::NOENT) => {
                         if is_dir {
