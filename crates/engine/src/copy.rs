@@ -12,7 +12,7 @@ use crate::gauge::Activity;
 use crate::job::{LinkState, Reflink, Shared};
 use crate::plan;
 use crate::queue::Lane;
-use crate::source::SrcFile;
+use crate::source::{Open, SrcFile};
 use crate::tree::DirNode;
 use crate::worker::{Task, Worker};
 use sluice_sys::{CopyMethod, Errno, FileType, Stat};
@@ -353,11 +353,11 @@ impl Worker {
             // /proc says 0 bytes, /sys 4096: what a read returns is the file.
             self.doing(Activity::Copy);
             size = self
-                .copy_to_end(src.fd(), dst)
+                .copy_to_end(&src, dst)
                 .map_err(|(op, e)| node.error(dst_name, copy_side(e), op, Reason::Os(e)))?;
         } else if st.size > 0 {
             let copied = self
-                .copy_data(src.fd(), dst, st)
+                .copy_data(&src, dst, st)
                 .map_err(|(op, e)| node.error(dst_name, copy_side(e), op, Reason::Os(e)))?;
             // Size and mtime of the open file after the copy (one statx on
             // a hot inode, well under 1% of a small file's copy); a file
@@ -387,7 +387,7 @@ impl Worker {
             }
         }
         self.doing(Activity::Write);
-        self.finish_file(node, src.fd(), dst, dst_name, st)?;
+        self.finish_file(node, Open::File(&src), dst, dst_name, st)?;
         pending
             .commit(&self.shared, node, dst_name)
             .map_err(|e| node.error(dst_name, Side::Dst, "rename into place", Reason::Os(e)))?;
@@ -402,9 +402,12 @@ impl Worker {
     /// larger one with ENOMEM). Returns the bytes copied.
     fn copy_to_end(
         &mut self,
-        src: BorrowedFd<'_>,
+        src: &SrcFile,
         dst: BorrowedFd<'_>,
     ) -> Result<u64, (&'static str, Errno)> {
+        let Some(src) = src.fd() else {
+            return self.copy_far(src, dst, 0, u64::MAX, false);
+        };
         let buf = self.scratch.buf();
         let most = buf.len().min(64 << 10);
         let n = sluice_sys::copy_range(
@@ -450,7 +453,7 @@ impl Worker {
     fn finish_file(
         &mut self,
         node: &DirNode,
-        src: BorrowedFd<'_>,
+        src: Open<'_>,
         dst: BorrowedFd<'_>,
         dst_name: &CStr,
         st: &Stat,
@@ -474,7 +477,7 @@ impl Worker {
         &mut self,
         node: &DirNode,
         name: &CStr,
-        src: BorrowedFd<'_>,
+        src: Open<'_>,
         dst: BorrowedFd<'_>,
         st: &Stat,
     ) -> Result<(), EntryError> {
@@ -485,17 +488,16 @@ impl Worker {
         let Some(set) = self.shared.opts.xattrs else {
             return Ok(()); // --no-xattrs: what DST gives a new entry stays
         };
-        let s = &mut self.scratch;
-        sluice_sys::copy_xattrs(src, dst, set, &mut s.xattr_names, &mut s.xattr_value).map_err(
-            |(e, what)| {
-                node.error(
-                    name,
-                    Side::Dst,
-                    "copy extended attributes",
-                    Reason::Other(format!("{what}: {}", Reason::Os(e))),
-                )
-            },
-        )?;
+        let (s, source) = (&mut self.scratch, &*self.shared.source);
+        let (names, value) = (&mut s.xattr_names, &mut s.xattr_value);
+        crate::source::copy_xattrs(source, src, dst, set, names, value).map_err(|(e, what)| {
+            node.error(
+                name,
+                Side::Dst,
+                "copy extended attributes",
+                Reason::Other(format!("{what}: {}", Reason::Os(e))),
+            )
+        })?;
         if self.drops_inherited_acls(node) {
             self.drop_inherited_acls(node, name, src, dst, st)?;
         }
@@ -518,13 +520,13 @@ impl Worker {
         &self,
         node: &DirNode,
         name: &CStr,
-        src: BorrowedFd<'_>,
+        src: Open<'_>,
         dst: BorrowedFd<'_>,
         st: &Stat,
     ) -> Result<(), EntryError> {
         let err = |op, e| node.error(name, Side::Dst, op, Reason::Os(e));
         for acl in [ACL_ACCESS, ACL_DEFAULT] {
-            if !sluice_sys::has_xattr(src, acl) {
+            if !crate::source::has_xattr(&*self.shared.source, src, acl) {
                 sluice_sys::remove_xattr(dst, acl).map_err(|e| err("remove inherited ACL", e))?;
             }
         }
@@ -542,11 +544,18 @@ impl Worker {
     /// kept). Returns the bytes found in the source.
     fn copy_data(
         &mut self,
-        src: BorrowedFd<'_>,
+        src: &SrcFile,
         dst: BorrowedFd<'_>,
         st: &Stat,
     ) -> Result<u64, (&'static str, Errno)> {
         self.doing(Activity::Copy);
+        let Some(src_fd) = src.fd() else {
+            if st.is_sparse() {
+                sluice_sys::set_len(dst, st.size).map_err(|e| ("truncate", e))?;
+            }
+            return self.copy_far(src, dst, 0, st.size, st.is_sparse());
+        };
+        let src = src_fd;
         if self.try_clone(src, dst)? {
             return Ok(st.size);
         }
@@ -654,6 +663,50 @@ impl Worker {
             done += n;
             if n < want {
                 break;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Copies `[off, off + len)` (to the source's end with `u64::MAX`) of a
+    /// file that has no local descriptor (a source across a wire): read
+    /// through the stream's buffer, written at the same offsets, throttled
+    /// like any copy. With `sparse`, DST already has its final size and
+    /// all-zero pieces are left as holes. Returns the bytes read.
+    fn copy_far(
+        &mut self,
+        src: &SrcFile,
+        dst: BorrowedFd<'_>,
+        off: u64,
+        len: u64,
+        sparse: bool,
+    ) -> Result<u64, (&'static str, Errno)> {
+        let shared = self.shared.clone();
+        let buf = self.scratch.buf();
+        let piece = match &shared.throttle {
+            Some(t) => (t.piece() as usize).min(buf.len()),
+            None => buf.len(),
+        };
+        let mut done = 0u64;
+        while done < len {
+            let want = (len - done).min(piece as u64) as usize;
+            if shared
+                .throttle
+                .as_ref()
+                .is_some_and(|t| !t.take(want as u64))
+            {
+                return Err(("copy", Errno::INTR)); // stopped
+            }
+            let n = (shared.source.read_at(src, &mut buf[..want], off + done))
+                .map_err(|e| ("read", e))?;
+            let data = &buf[..n];
+            if !(sparse && data.iter().all(|&b| b == 0)) {
+                sluice_sys::write_all_at(dst, data, off + done).map_err(|e| ("write", e))?;
+            }
+            shared.stats.data_moved.fetch_add(n as u64, Relaxed);
+            done += n as u64;
+            if n < want {
+                break; // the source ended
             }
         }
         Ok(done)
@@ -973,9 +1026,12 @@ impl Worker {
                 let dst = sluice_sys::create_excl_at(node.dst(), tmp.as_cstr(), mode)
                     .map_err(|e| err("create temporary for", e))?;
                 let guard = TempGuard::new(node.dst(), tmp);
-                let cloned = self
-                    .try_clone(src.fd(), dst.as_fd())
-                    .map_err(|(op, e)| err(op, e))?;
+                let cloned = match src.fd() {
+                    Some(fd) => self
+                        .try_clone(fd, dst.as_fd())
+                        .map_err(|(op, e)| err(op, e))?,
+                    None => false,
+                };
                 let delta = !cloned && node.existed && self.clone_old(node, dst_name, dst.as_fd());
                 if !cloned {
                     sluice_sys::set_len(dst.as_fd(), st.size).map_err(|e| err("truncate", e))?;
@@ -998,7 +1054,10 @@ impl Worker {
             Some(rec) => (0..chunks).filter(|&i| !rec.is_done(i)).collect(),
             None => (0..chunks).collect(),
         };
-        let direct = !cloned && self.use_direct(src.fd(), dst.as_fd(), st);
+        let direct = !cloned
+            && src
+                .fd()
+                .is_some_and(|fd| self.use_direct(fd, dst.as_fd(), st));
         // In place needs no record: the source's mtime is set last, so an
         // interrupted file still looks changed and is compared again.
         let journaled = !todo.is_empty() && journal.is_some() && record.is_some();
@@ -1096,16 +1155,20 @@ impl Worker {
 
     fn copy_chunk(&mut self, big: &BigFile, i: u64) -> Result<(), (&'static str, Errno)> {
         let (off, len) = plan::chunk_range(big.st.size, self.shared.opts.chunk_size, i);
-        let (src, dst) = (big.src.fd(), big.dst.as_fd());
+        let dst = big.dst.as_fd();
         self.doing(Activity::Copy);
-        let copied = if big.delta {
+        let copied = if let (None, false) = (big.src.fd(), big.delta) {
+            self.copy_far(&big.src, dst, off, len, big.st.is_sparse())?
+        } else if big.delta {
             self.patch_range(&big.src, dst, off, len, big.direct)?
-        } else if big.direct {
+        } else if let (true, Some(src)) = (big.direct, big.src.fd()) {
             self.copy_direct(src, dst, off, len)?
-        } else if big.st.is_sparse() {
+        } else if let Some(src) = big.src.fd().filter(|_| big.st.is_sparse()) {
             self.copy_extents(src, dst, off, len)?
-        } else {
+        } else if let Some(src) = big.src.fd() {
             self.copy_range(src, dst, off, len)?
+        } else {
+            unreachable!("a source across a wire is copied by copy_far")
         };
         big.copied.fetch_add(copied, Relaxed);
         self.shared.stats.chunk_bytes.fetch_add(copied, Relaxed);
@@ -1193,7 +1256,13 @@ impl Worker {
             sluice_sys::sync_data(big.dst.as_fd())
                 .map_err(|e| node.error(&big.dst_name, Side::Dst, "write back", Reason::Os(e)))?;
         }
-        self.finish_file(node, big.src.fd(), big.dst.as_fd(), &big.dst_name, &big.st)?;
+        self.finish_file(
+            node,
+            Open::File(&big.src),
+            big.dst.as_fd(),
+            &big.dst_name,
+            &big.st,
+        )?;
         if let Some(tmp) = &big.tmp {
             sluice_sys::rename_at(node.dst(), tmp.as_cstr(), node.dst(), &big.dst_name).map_err(
                 |e| node.error(&big.dst_name, Side::Dst, "rename into place", Reason::Os(e)),

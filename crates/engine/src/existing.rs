@@ -12,7 +12,7 @@ use crate::copy::link_key;
 use crate::error::{Reason, Side};
 use crate::job::{LinkState, Shared};
 use crate::plan::{self, Existing};
-use crate::source::SrcDir;
+use crate::source::{Open, SrcDir};
 use crate::tree::DirNode;
 use crate::worker::Worker;
 use sluice_sys::{Errno, FileType, Stat};
@@ -218,7 +218,7 @@ impl Worker {
             return false;
         };
         let set = self.shared.opts.xattrs.unwrap_or(sluice_sys::XattrSet::All);
-        sluice_sys::xattrs_equal(s.fd(), d.as_fd(), set).unwrap_or(false)
+        crate::source::xattrs_match(&*self.shared.source, Open::File(&s), d.as_fd(), set)
     }
 
     /// Whether a hard-linked source file's name in DST is linked like in
@@ -290,7 +290,7 @@ impl Worker {
         &mut self,
         parent: &DirNode,
         name: &CStr,
-        src: BorrowedFd<'_>,
+        src: Open<'_>,
         dst: BorrowedFd<'_>,
         st: &Stat,
         existed: bool,
@@ -306,9 +306,11 @@ impl Worker {
         let Some(set) = self.shared.opts.xattrs else {
             return Ok(());
         };
-        if !sluice_sys::xattrs_equal(src, dst, set).unwrap_or(false) {
+        let source = &*self.shared.source;
+        if !crate::source::xattrs_match(source, src, dst, set) {
             let s = &mut self.scratch;
-            sluice_sys::copy_xattrs(src, dst, set, &mut s.xattr_names, &mut s.xattr_value)
+            let (names, value) = (&mut s.xattr_names, &mut s.xattr_value);
+            crate::source::copy_xattrs(source, src, dst, set, names, value)
                 .map_err(|(e, _)| err("copy extended attributes", e))?;
         }
         Ok(())

@@ -14,33 +14,122 @@
 //! which has none, must go around.
 
 use crate::hash::{Digest, HashKind};
-use sluice_sys::{Errno, FsKind, Stat};
+use sluice_sys::{Errno, FsKind, Stat, XattrSet};
 use sluice_walk::DirStream;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
 /// An open source directory.
-pub struct SrcDir(OwnedFd);
+pub struct SrcDir(Handle);
 
 /// An open source file.
-pub struct SrcFile(OwnedFd);
+pub struct SrcFile(Handle);
+
+enum Handle {
+    Local(OwnedFd),
+    Far(Far),
+}
+
+/// A handle a source across a wire gave out: its number there, and whom
+/// to tell when the engine drops it (so the far end closes it too).
+pub struct Far {
+    pub id: u64,
+    pub owner: Arc<dyn Release>,
+}
+
+/// Told when a [`Far`] handle is dropped.
+pub trait Release: Send + Sync {
+    fn release(&self, id: u64);
+}
+
+impl Drop for Far {
+    fn drop(&mut self) {
+        self.owner.release(self.id);
+    }
+}
+
+impl Handle {
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        match self {
+            Handle::Local(fd) => Some(fd.as_fd()),
+            Handle::Far(_) => None,
+        }
+    }
+
+    fn far(&self) -> Option<u64> {
+        match self {
+            Handle::Local(_) => None,
+            Handle::Far(f) => Some(f.id),
+        }
+    }
+}
 
 impl SrcDir {
     /// The directory of a local source, opened by the job's root code.
     pub fn local(fd: OwnedFd) -> SrcDir {
-        SrcDir(fd)
+        SrcDir(Handle::Local(fd))
     }
 
-    /// The local descriptor (local fast paths only).
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.0.as_fd()
+    /// A directory a source across a wire opened.
+    pub fn far(far: Far) -> SrcDir {
+        SrcDir(Handle::Far(far))
+    }
+
+    /// The local descriptor, for the local fast paths; `None` for a
+    /// directory across a wire.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.0.fd()
+    }
+
+    /// The far end's number for it, if it is across a wire.
+    pub fn far_id(&self) -> Option<u64> {
+        self.0.far()
     }
 }
 
 impl SrcFile {
-    /// The local descriptor (local fast paths only).
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.0.as_fd()
+    /// A file a source across a wire opened.
+    pub fn far(far: Far) -> SrcFile {
+        SrcFile(Handle::Far(far))
+    }
+
+    /// The local descriptor, for the local fast paths (clone, kernel copy,
+    /// holes, `O_DIRECT`); `None` for a file across a wire, which is read
+    /// through [`Source::read_at`].
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.0.fd()
+    }
+
+    /// The far end's number for it, if it is across a wire.
+    pub fn far_id(&self) -> Option<u64> {
+        self.0.far()
+    }
+}
+
+/// Extended attributes as read: names and values.
+pub type Xattrs = Vec<(CString, Vec<u8>)>;
+
+/// Either kind of open entry, for what both have (extended attributes).
+#[derive(Clone, Copy)]
+pub enum Open<'a> {
+    Dir(&'a SrcDir),
+    File(&'a SrcFile),
+}
+
+impl Open<'_> {
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        match self {
+            Open::Dir(d) => d.fd(),
+            Open::File(f) => f.fd(),
+        }
+    }
+
+    pub fn far_id(&self) -> Option<u64> {
+        match self {
+            Open::Dir(d) => d.far_id(),
+            Open::File(f) => f.far_id(),
+        }
     }
 }
 
@@ -84,6 +173,15 @@ pub trait Source: Send + Sync {
         buf: &mut [u8],
         kind: HashKind,
     ) -> Result<(Digest, u64), Errno>;
+    /// The extended attributes (ACLs included with `XattrSet::All`) of an
+    /// open entry.
+    fn xattrs(&self, of: Open<'_>, set: XattrSet) -> Result<Xattrs, Errno>;
+}
+
+/// The descriptor of a local handle: a local source is never handed a
+/// handle from across a wire.
+fn local(fd: Option<BorrowedFd<'_>>) -> Result<BorrowedFd<'_>, Errno> {
+    fd.ok_or(Errno::BADF)
 }
 
 /// A source on a local file system.
@@ -91,42 +189,42 @@ pub struct LocalSource;
 
 impl Source for LocalSource {
     fn open_dir(&self, dir: &SrcDir, name: &CStr) -> Result<SrcDir, Errno> {
-        sluice_sys::open_dir_at(dir.fd(), name).map(SrcDir)
+        sluice_sys::open_dir_at(local(dir.fd())?, name).map(|fd| SrcDir(Handle::Local(fd)))
     }
 
     fn stat_dir(&self, dir: &SrcDir) -> Result<Stat, Errno> {
-        sluice_sys::stat_fd(dir.fd())
+        sluice_sys::stat_fd(local(dir.fd())?)
     }
 
     fn kind(&self, dir: &SrcDir) -> FsKind {
-        sluice_sys::fs_kind(dir.fd())
+        dir.fd().map_or(FsKind::Plain, sluice_sys::fs_kind)
     }
 
     fn list(&self, dir: &SrcDir, buf: &mut DirStream, each: Each<'_>) -> Result<(), Errno> {
-        let fd = dir.fd();
+        let fd = local(dir.fd())?;
         buf.for_each(fd, |e| {
             each(e.name, e.is_dir, sluice_walk::stat_entry(fd, e.name))
         })
     }
 
     fn stat(&self, dir: &SrcDir, name: &CStr) -> Result<Stat, Errno> {
-        sluice_walk::stat_entry(dir.fd(), name)
+        sluice_walk::stat_entry(local(dir.fd())?, name)
     }
 
     fn read_link(&self, dir: &SrcDir, name: &CStr, reuse: Vec<u8>) -> Result<CString, Errno> {
-        sluice_sys::readlink_at(dir.fd(), name, reuse)
+        sluice_sys::readlink_at(local(dir.fd())?, name, reuse)
     }
 
     fn open(&self, dir: &SrcDir, name: &CStr) -> Result<SrcFile, Errno> {
-        sluice_sys::open_read_at(dir.fd(), name).map(SrcFile)
+        sluice_sys::open_read_at(local(dir.fd())?, name).map(|fd| SrcFile(Handle::Local(fd)))
     }
 
     fn stat_file(&self, file: &SrcFile) -> Result<Stat, Errno> {
-        sluice_sys::stat_fd(file.fd())
+        sluice_sys::stat_fd(local(file.fd())?)
     }
 
     fn read_at(&self, file: &SrcFile, buf: &mut [u8], off: u64) -> Result<usize, Errno> {
-        sluice_sys::read_full_at(file.fd(), buf, off)
+        sluice_sys::read_full_at(local(file.fd())?, buf, off)
     }
 
     fn hash(
@@ -137,6 +235,59 @@ impl Source for LocalSource {
         buf: &mut [u8],
         kind: HashKind,
     ) -> Result<(Digest, u64), Errno> {
-        crate::hash::hash_range(file.fd(), off, len, buf, kind)
+        crate::hash::hash_range(local(file.fd())?, off, len, buf, kind)
+    }
+
+    fn xattrs(&self, of: Open<'_>, set: XattrSet) -> Result<Xattrs, Errno> {
+        sluice_sys::read_xattrs(local(of.fd())?, set)
+    }
+}
+
+/// Whether the local `dst` carries the same attributes of `set` as the
+/// source's `src` (unreadable on either side counts as different).
+pub fn xattrs_match(
+    source: &dyn Source,
+    src: Open<'_>,
+    dst: BorrowedFd<'_>,
+    set: XattrSet,
+) -> bool {
+    match src.fd() {
+        Some(fd) => sluice_sys::xattrs_equal(fd, dst, set).unwrap_or(false),
+        None => source
+            .xattrs(src, set)
+            .and_then(|attrs| sluice_sys::xattrs_are(dst, set, &attrs))
+            .unwrap_or(false),
+    }
+}
+
+/// Copies the attributes of `set` from the source's `src` onto the local
+/// `dst`: fd to fd for a local source (`names` and `value` are scratch),
+/// as one list from a source across a wire. The error names what it hit.
+pub fn copy_xattrs(
+    source: &dyn Source,
+    src: Open<'_>,
+    dst: BorrowedFd<'_>,
+    set: XattrSet,
+    names: &mut Vec<u8>,
+    value: &mut Vec<u8>,
+) -> Result<(), (Errno, String)> {
+    match src.fd() {
+        Some(fd) => sluice_sys::copy_xattrs(fd, dst, set, names, value),
+        None => {
+            let attrs = source
+                .xattrs(src, set)
+                .map_err(|e| (e, "read extended attributes".to_string()))?;
+            sluice_sys::set_xattrs(dst, &attrs)
+        }
+    }
+}
+
+/// Whether the source's `src` has the attribute `name`.
+pub fn has_xattr(source: &dyn Source, src: Open<'_>, name: &CStr) -> bool {
+    match src.fd() {
+        Some(fd) => sluice_sys::has_xattr(fd, name),
+        None => source
+            .xattrs(src, XattrSet::All)
+            .is_ok_and(|attrs| attrs.iter().any(|(n, _)| n.as_c_str() == name)),
     }
 }

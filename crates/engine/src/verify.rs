@@ -11,7 +11,7 @@ use crate::error::{EntryError, Reason, Side};
 use crate::hash::hash_range;
 use crate::plan;
 use crate::queue::Lane;
-use crate::source::SrcFile;
+use crate::source::{Open, SrcFile};
 use crate::tree::DirNode;
 use crate::worker::{Task, Worker};
 use sluice_sys::{Errno, FileType, Stat};
@@ -131,7 +131,7 @@ impl Worker {
         &self,
         src: &Stat,
         dst: &Stat,
-        fds: Option<(BorrowedFd<'_>, BorrowedFd<'_>)>,
+        fds: Option<(Open<'_>, BorrowedFd<'_>)>,
     ) -> Option<String> {
         let mask = self.shared.opts.perm_mask();
         if src.file_type() != FileType::Symlink && src.perm() & mask != dst.perm() & mask {
@@ -155,7 +155,8 @@ impl Worker {
             ));
         }
         if let Some((s, d)) = fds {
-            if !sluice_sys::xattrs_equal(s, d, sluice_sys::XattrSet::All).unwrap_or(false) {
+            let source = &*self.shared.source;
+            if !crate::source::xattrs_match(source, s, d, sluice_sys::XattrSet::All) {
                 return Some("extended attributes differ".into());
             }
         }
@@ -249,7 +250,7 @@ impl Worker {
             if !sh.opts.check.is_some_and(|c| c.metadata) {
                 return None;
             }
-            let borrowed = fds.as_ref().map(|(s, d)| (s.fd(), d.as_fd()));
+            let borrowed = fds.as_ref().map(|(s, d)| (Open::File(s), d.as_fd()));
             self.meta_difference(st, &dst, borrowed)
         });
         if let Some(what) = what {
@@ -270,10 +271,12 @@ impl Worker {
         };
         if sh.opts.direct && st.size >= DIRECT_MIN && !st.is_sparse() {
             // Both or neither: a failed switch just means cached reads.
-            if sluice_sys::set_direct(src.fd(), true).is_ok()
-                && sluice_sys::set_direct(dst.as_fd(), true).is_err()
-            {
-                let _ = sluice_sys::set_direct(src.fd(), false);
+            if let Some(fd) = src.fd() {
+                if sluice_sys::set_direct(fd, true).is_ok()
+                    && sluice_sys::set_direct(dst.as_fd(), true).is_err()
+                {
+                    let _ = sluice_sys::set_direct(fd, false);
+                }
             }
         }
         let big = Arc::new(CheckBig {
@@ -344,7 +347,7 @@ impl Worker {
         }
         sh.stats.files_copied.fetch_add(1, Relaxed);
         if sh.opts.check.is_some_and(|c| c.metadata) {
-            let fds = Some((big.src.fd(), big.dst.as_fd()));
+            let fds = Some((Open::File(&big.src), big.dst.as_fd()));
             if let Some(what) = self.meta_difference(&big.st, &big.dst_st, fds) {
                 sh.differs(Side::Src, &rel, &what);
             }

@@ -6,6 +6,7 @@ use crate::gauge::Activity;
 use crate::job::Shared;
 use crate::plan::{self, Action};
 use crate::queue::Lane;
+use crate::source::Open;
 use crate::tree::DirNode;
 use crate::verify::CheckBig;
 use sluice_sys::{AlignedBuf, Stat};
@@ -338,7 +339,7 @@ impl Worker {
             if !self.shared.writes() {
                 // a dry run or a verify: nothing is written
             } else if let Err(err) =
-                self.dir_owner_and_xattrs(&parent, name, src.fd(), dst.as_fd(), &st, existed)
+                self.dir_owner_and_xattrs(&parent, name, Open::Dir(&src), dst.as_fd(), &st, existed)
             {
                 self.shared.fail(err);
             }

@@ -24,7 +24,10 @@ pub mod extents;
 pub mod notify;
 mod xattr;
 pub use buf::{AlignedBuf, DIRECT_ALIGN};
-pub use xattr::{copy_xattrs, has_xattr, remove_xattr, remove_xattr_at, xattrs_equal, XattrSet};
+pub use xattr::{
+    copy_xattrs, has_xattr, read_xattrs, remove_xattr, remove_xattr_at, set_xattrs, xattrs_are,
+    xattrs_equal, XattrSet,
+};
 
 /// The metadata sluice needs about one entry, read once with `statx`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

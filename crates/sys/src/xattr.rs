@@ -2,7 +2,7 @@
 //! `system.posix_acl_*`), copied between open file descriptors.
 
 use crate::{Errno, Result};
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::os::fd::BorrowedFd;
 
 /// Which extended attributes a job copies and compares.
@@ -63,6 +63,55 @@ pub fn copy_xattrs(
         }
     }
     Ok(())
+}
+
+/// Every extended attribute of `fd` in `set`, names and values (what a
+/// source across a wire sends; a local copy goes fd to fd instead).
+pub fn read_xattrs(fd: BorrowedFd<'_>, set: XattrSet) -> Result<Vec<(CString, Vec<u8>)>> {
+    let (mut names, mut value) = (Vec::new(), Vec::new());
+    let n = match list(fd, &mut names) {
+        Err(Errno::OPNOTSUPP) => return Ok(Vec::new()),
+        other => other?,
+    };
+    let mut out = Vec::new();
+    for name in names[..n].split(|&c| c == 0) {
+        if name.is_empty() || !set.takes(name) {
+            continue;
+        }
+        let name = CString::new(name).expect("split at NUL");
+        match get(fd, &name, &mut value) {
+            Ok(len) => out.push((name, value[..len].to_vec())),
+            Err(Errno::NODATA) => {} // removed since listing
+            Err(e) => return Err(e),
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Sets the attributes `attrs` on `dst`, skipping those DST refuses (as
+/// [`copy_xattrs`] does).
+pub fn set_xattrs(
+    dst: BorrowedFd<'_>,
+    attrs: &[(CString, Vec<u8>)],
+) -> std::result::Result<(), (Errno, String)> {
+    for (name, value) in attrs {
+        match rustix::fs::fsetxattr(dst, name, value, rustix::fs::XattrFlags::empty()) {
+            Ok(()) | Err(Errno::OPNOTSUPP) | Err(Errno::PERM) => {}
+            Err(e) => return Err((e, format!("setxattr {}", name.to_string_lossy()))),
+        }
+    }
+    Ok(())
+}
+
+/// Whether `dst` carries exactly `attrs` (sorted by name, as
+/// [`read_xattrs`] returns them) among its attributes of `set`.
+pub fn xattrs_are(
+    dst: BorrowedFd<'_>,
+    set: XattrSet,
+    attrs: &[(CString, Vec<u8>)],
+) -> Result<bool> {
+    Ok(read_xattrs(dst, set)? == attrs)
 }
 
 fn list(fd: BorrowedFd<'_>, names: &mut Vec<u8>) -> Result<usize> {
