@@ -6,6 +6,7 @@ use crate::existing::Extras;
 use crate::gauge::{Busy, Gauge};
 use crate::journal::Journal;
 use crate::queue::Queue;
+use crate::source::{LocalSource, Source, SrcDir, SrcRoot};
 use crate::throttle::Throttle;
 use crate::tree::DirNode;
 use crate::tune::Gate;
@@ -424,7 +425,7 @@ pub(crate) enum LinkState {
 pub(crate) struct Shared {
     pub opts: CopyOptions,
     /// Where entries are read from.
-    pub source: Box<dyn crate::source::Source>,
+    pub source: Arc<dyn Source>,
     pub queue: Queue<Task>,
     pub stats: Arc<Stats>,
     reporter: Arc<dyn Reporter>,
@@ -633,8 +634,24 @@ pub fn copy(
     reporter: Arc<dyn Reporter>,
     cancel: Arc<AtomicBool>,
 ) -> Result<Outcome, JobError> {
+    let local: Arc<dyn Source> = Arc::new(LocalSource);
+    copy_from(&local, src, dst, opts, stats, reporter, cancel)
+}
+
+/// [`copy`] from any [`Source`] (`src` is the root's path there): the
+/// engine runs here, where DST is, and reads SRC through `source`.
+pub fn copy_from(
+    source: &Arc<dyn Source>,
+    src: &Path,
+    dst: &Path,
+    opts: CopyOptions,
+    stats: Arc<Stats>,
+    reporter: Arc<dyn Reporter>,
+    cancel: Arc<AtomicBool>,
+) -> Result<Outcome, JobError> {
     let may_free = opts.delete && !opts.dry_run && opts.check.is_none();
     let first = run(
+        source,
         src,
         dst,
         opts.clone(),
@@ -654,6 +671,7 @@ pub fn copy(
     );
     let walk = Arc::new(Stats::default());
     let freed = run(
+        source,
         src,
         dst,
         opts.clone(),
@@ -670,7 +688,16 @@ pub fn copy(
     // The full disk was the first pass's only way to stop; the retry's
     // own errors are what the job reports.
     stats.errors.store(0, Relaxed);
-    run(src, dst, opts, Pass::Copy, &stats, &reporter, &cancel)
+    run(
+        source,
+        src,
+        dst,
+        opts,
+        Pass::Copy,
+        &stats,
+        &reporter,
+        &cancel,
+    )
 }
 
 /// Which pass of a job `run` makes.
@@ -683,7 +710,9 @@ enum Pass {
     FreeSpace,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run(
+    source: &Arc<dyn Source>,
     src: &Path,
     dst: &Path,
     mut opts: CopyOptions,
@@ -697,10 +726,10 @@ fn run(
         opts.dry_run = true;
     }
     sluice_sys::raise_fd_limit();
-    let src_meta = std::fs::metadata(src).map_err(|source| JobError::Source {
-        path: src.to_owned(),
-        source,
-    })?;
+    let label = source.name(src);
+    let src_root = source
+        .open_root(src)
+        .map_err(|e| JobError::source(&label, e))?;
     // Checked first: a job that cannot run must not create DST.
     // Under --bwlimit throughput is flat by design: nothing to tune by.
     let auto = opts.auto_jobs && opts.bwlimit.is_none();
@@ -725,18 +754,32 @@ fn run(
         Access::Write if opts.dst_locked => Access::WriteLocked,
         a => a,
     };
-    let roots = if src_meta.is_dir() {
-        Roots::tree(src, dst, access, &opts.sub)?
-    } else {
-        Roots::file(src, dst, access)?
+    let roots = match src_root {
+        SrcRoot::Dir(dir) if source.is_local() => Roots::tree(src, dir, dst, access, &opts.sub)?,
+        SrcRoot::Dir(dir) if opts.sub.is_empty() => Roots::far_tree(&label, dir, dst, access)?,
+        SrcRoot::Dir(_) => {
+            return Err(JobError::Usage(
+                "a subdirectory pass needs a local SRC".into(),
+            ))
+        }
+        SrcRoot::File {
+            dir,
+            name,
+            st,
+            real,
+        } => {
+            let real = source.is_local().then_some(real);
+            Roots::file(&label, (dir, name, st), real.as_deref(), dst, access)?
+        }
     };
     // After the roots exist (created with the user's umask, like mkdir -p):
     // from here on every mode is given explicitly and must not be masked.
     let umask = sluice_sys::clear_umask();
     let jobs = budget.jobs;
-    let src_stat =
-        sluice_sys::stat_fd(sluice_sys::fd(&roots.src_fd)).map_err(|e| JobError::Source {
-            path: src.to_owned(),
+    let src_stat = source
+        .stat_dir(&roots.src_dir)
+        .map_err(|e| JobError::Source {
+            path: label.clone(),
             source: e.into(),
         })?;
     let dst_root_fd = match &roots.dst_fd {
@@ -777,7 +820,7 @@ fn run(
         // -j auto could add (a longer queue only spreads a directory's
         // files); the tuner resizes it with the stream target.
         queue: Queue::new(opts.jobs.min(jobs) * crate::tune::QUEUE_PER_STREAM, 256),
-        source: Box::new(crate::source::LocalSource),
+        source: source.clone(),
         stats,
         reporter,
         cancel,
@@ -814,8 +857,8 @@ fn run(
         creates_as: facts.creates_as,
         dst_id: facts.id,
         default_acl: facts.default_acl,
-        src_kind: sluice_sys::fs_kind(roots.src_fd.as_fd()),
-        src: crate::source::SrcDir::local(roots.src_fd),
+        src_kind: source.kind(&roots.src_dir),
+        src: roots.src_dir,
         dst: roots.dst_fd,
         // A single file's target directory is the user's: its entry is
         // compared like any in an existing directory.
@@ -959,7 +1002,7 @@ enum Access {
 struct Roots {
     src_path: PathBuf,
     dst_path: PathBuf,
-    src_fd: OwnedFd,
+    src_dir: SrcDir,
     dst_fd: Option<OwnedFd>,
     /// DST's root directory existed before this run.
     dst_existed: bool,
@@ -994,7 +1037,13 @@ pub(crate) fn resolve(path: &Path) -> std::io::Result<PathBuf> {
 }
 
 impl Roots {
-    fn tree(src: &Path, dst: &Path, access: Access, sub: &[u8]) -> Result<Roots, JobError> {
+    fn tree(
+        src: &Path,
+        src_top: SrcDir,
+        dst: &Path,
+        access: Access,
+        sub: &[u8],
+    ) -> Result<Roots, JobError> {
         let src_abs = resolve(src).map_err(|e| JobError::source(src, e))?;
         let dst_abs = resolve(dst).map_err(|e| JobError::destination(dst, e))?;
         if dst_abs.starts_with(&src_abs) || src_abs.starts_with(&dst_abs) {
@@ -1006,66 +1055,66 @@ impl Roots {
         }
         let src_path = join_path(src, sub);
         let dst_path = join_path(dst, sub);
-        let src_top = sluice_sys::open_dir_path(src).map_err(|e| JobError::source(src, e))?;
-        let src_fd = crate::target::open_beneath(src_top.as_fd(), sub)
-            .map_err(|e| JobError::source(&src_path, e))?;
-        let below = |root: OwnedFd| crate::target::open_beneath(root.as_fd(), sub);
-        let (dst_fd, dst_existed) = match access {
-            // Only looks: an existing DST is opened to compare with.
-            Access::Peek => match crate::target::open_root(dst, false)? {
-                Some(root) => match below(root) {
-                    Ok(fd) => (Some(fd), true),
-                    Err(Errno::NOENT) => (None, false),
-                    Err(e) => return Err(JobError::destination(&dst_path, e)),
-                },
-                None => (None, false),
-            },
-            Access::Read => {
-                let root = crate::target::open_root(dst, true)?.expect("must exist");
-                let fd = below(root).map_err(|e| JobError::destination(&dst_path, e))?;
-                (Some(fd), true)
-            }
-            Access::Write | Access::WriteLocked => {
-                let (root, existed) = crate::target::create_root(dst)?;
-                // One writer per DST (guarantee 6). The lock lives on DST's
-                // own directory, so no lock file is ever left inside it.
-                if access == Access::Write {
-                    crate::target::lock_root(root.as_fd(), dst)?;
-                }
-                if sub.is_empty() {
-                    (Some(root), existed)
-                } else {
-                    let (fd, existed) = crate::target::make_beneath(root.as_fd(), sub)
-                        .map_err(|e| JobError::destination(&dst_path, e))?;
-                    (Some(fd), existed)
-                }
-            }
+        let src_dir = match src_top.fd() {
+            Some(top) if !sub.is_empty() => SrcDir::local(
+                crate::target::open_beneath(top, sub)
+                    .map_err(|e| JobError::source(&src_path, e))?,
+            ),
+            _ => src_top,
         };
+        let (dst_fd, dst_existed) = dst_tree(dst, &dst_path, access, sub)?;
         Ok(Roots {
             src_path,
             dst_path,
-            src_fd,
+            src_dir,
             dst_fd,
             dst_existed,
             single: None,
         })
     }
 
-    fn file(src: &Path, dst: &Path, access: Access) -> Result<Roots, JobError> {
-        // The root is named by the user, so a symlink there is followed.
-        let real = src.canonicalize().map_err(|e| JobError::source(src, e))?;
-        let src_dir = real.parent().unwrap_or(Path::new("/"));
-        let src_name = real
-            .file_name()
-            .ok_or_else(|| JobError::Usage(format!("{} is not a file", src.display())))?;
+    /// The roots of a tree whose SRC is across a wire.
+    fn far_tree(
+        src: &Path,
+        src_dir: SrcDir,
+        dst: &Path,
+        access: Access,
+    ) -> Result<Roots, JobError> {
+        let (dst_fd, dst_existed) = dst_tree(dst, dst, access, &[])?;
+        Ok(Roots {
+            src_path: src.to_owned(),
+            dst_path: dst.to_owned(),
+            src_dir,
+            dst_fd,
+            dst_existed,
+            single: None,
+        })
+    }
+
+    /// The roots of a single-file copy: `file` is the source's directory,
+    /// the file's name there and its stat; `real` its resolved path when
+    /// SRC is local (a copy onto itself is refused).
+    fn file(
+        src: &Path,
+        file: (SrcDir, CString, Stat),
+        real: Option<&Path>,
+        dst: &Path,
+        access: Access,
+    ) -> Result<Roots, JobError> {
+        let (src_dir, src_name, st) = file;
+        if st.file_type() == sluice_sys::FileType::Directory {
+            return Err(JobError::Usage(format!("{} is a directory", src.display())));
+        }
         // `copy FILE dir/`: a trailing slash names a directory, made if
-        // missing (never a file called `dir`).
+        // missing (never a file called `dir`). The copy takes the name SRC
+        // was given by (a symlink's, not its target's).
+        let given = src
+            .file_name()
+            .map(|n| n.as_bytes().to_vec())
+            .unwrap_or_else(|| src_name.to_bytes().to_vec());
         let names_dir = dst.as_os_str().as_bytes().ends_with(b"/");
         let (dst_dir, dst_name) = if dst.is_dir() || names_dir {
-            (
-                dst.to_owned(),
-                src.file_name().unwrap_or(src_name).to_owned(),
-            )
+            (dst.to_owned(), given)
         } else {
             let name = dst
                 .file_name()
@@ -1074,20 +1123,18 @@ impl Roots {
                 Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
                 _ => PathBuf::from("."),
             };
-            (dir, name.to_owned())
+            (dir, name.as_bytes().to_vec())
         };
-        let dst_full = dst_dir.join(&dst_name);
-        if resolve(&dst_full).map_err(|e| JobError::destination(dst, e))? == real {
-            return Err(JobError::Usage(format!(
-                "source {} and destination {} are the same file",
-                src.display(),
-                dst.display()
-            )));
+        let dst_full = dst_dir.join(std::ffi::OsStr::from_bytes(&dst_name));
+        if let Some(real) = real {
+            if resolve(&dst_full).map_err(|e| JobError::destination(dst, e))? == real {
+                return Err(JobError::Usage(format!(
+                    "source {} and destination {} are the same file",
+                    src.display(),
+                    dst.display()
+                )));
+            }
         }
-        let src_fd =
-            sluice_sys::open_dir_path(src_dir).map_err(|e| JobError::source(src_dir, e))?;
-        let st = sluice_sys::stat_at(sluice_sys::fd(&src_fd), &cstring(src_name.as_bytes()))
-            .map_err(|e| JobError::source(src, e))?;
         let dst_fd = match access {
             Access::Peek => crate::target::open_root(&dst_dir, false)?,
             Access::Read => crate::target::open_root(&dst_dir, true)?,
@@ -1103,18 +1150,60 @@ impl Roots {
             }
         };
         Ok(Roots {
-            src_path: src_dir.to_owned(),
+            src_path: (real.and_then(Path::parent).or(src.parent()))
+                .unwrap_or(Path::new("/"))
+                .to_owned(),
             dst_path: dst_dir,
-            src_fd,
+            src_dir,
             dst_fd,
             dst_existed: false,
-            single: Some((
-                cstring(src_name.as_bytes()),
-                cstring(dst_name.as_bytes()),
-                st,
-            )),
+            single: Some((src_name, cstring(&dst_name), st)),
         })
     }
+}
+
+/// Opens (or, to write, creates and locks) DST's root of a tree and the
+/// subdirectory `sub` below it. Returns it (`None`: a dry run's DST that
+/// does not exist) and whether it existed.
+fn dst_tree(
+    dst: &Path,
+    dst_path: &Path,
+    access: Access,
+    sub: &[u8],
+) -> Result<(Option<OwnedFd>, bool), JobError> {
+    let below = |root: OwnedFd| crate::target::open_beneath(root.as_fd(), sub);
+    let (dst_fd, dst_existed) = match access {
+        // Only looks: an existing DST is opened to compare with.
+        Access::Peek => match crate::target::open_root(dst, false)? {
+            Some(root) => match below(root) {
+                Ok(fd) => (Some(fd), true),
+                Err(Errno::NOENT) => (None, false),
+                Err(e) => return Err(JobError::destination(dst_path, e)),
+            },
+            None => (None, false),
+        },
+        Access::Read => {
+            let root = crate::target::open_root(dst, true)?.expect("must exist");
+            let fd = below(root).map_err(|e| JobError::destination(dst_path, e))?;
+            (Some(fd), true)
+        }
+        Access::Write | Access::WriteLocked => {
+            let (root, existed) = crate::target::create_root(dst)?;
+            // One writer per DST (guarantee 6). The lock lives on DST's
+            // own directory, so no lock file is ever left inside it.
+            if access == Access::Write {
+                crate::target::lock_root(root.as_fd(), dst)?;
+            }
+            if sub.is_empty() {
+                (Some(root), existed)
+            } else {
+                let (fd, existed) = crate::target::make_beneath(root.as_fd(), sub)
+                    .map_err(|e| JobError::destination(dst_path, e))?;
+                (Some(fd), existed)
+            }
+        }
+    };
+    Ok((dst_fd, dst_existed))
 }
 
 /// `base/sub` for messages (`base` when `sub` is empty).

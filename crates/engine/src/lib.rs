@@ -42,8 +42,8 @@ mod worker;
 
 pub use error::{escape, EntryError, JobError, Reason, Side};
 pub use job::{
-    copy, Check, CopyOptions, HashKind, Outcome, Reflink, Reporter, Stats, Summary, DEFAULT_CHUNK,
-    DEFAULT_JOBS, JUDGE_AFTER,
+    copy, copy_from, Check, CopyOptions, HashKind, Outcome, Reflink, Reporter, Stats, Summary,
+    DEFAULT_CHUNK, DEFAULT_JOBS, JUDGE_AFTER,
 };
 pub use sluice_sys::XattrSet;
 pub use sluice_walk::Filter;

@@ -18,6 +18,8 @@ use sluice_sys::{Errno, FsKind, Stat, XattrSet};
 use sluice_walk::DirStream;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// An open source directory.
@@ -137,9 +139,32 @@ impl Open<'_> {
 /// listing says it is a directory, and its `statx`.
 pub type Each<'a> = &'a mut dyn FnMut(&CStr, bool, Result<Stat, Errno>) -> bool;
 
+/// SRC's root as the user named it: a directory, or one file (with the
+/// directory holding it).
+pub enum SrcRoot {
+    Dir(SrcDir),
+    File {
+        dir: SrcDir,
+        name: CString,
+        st: Stat,
+        /// The file's own path, symlinks resolved: a copy onto itself is
+        /// refused by comparing it with DST's.
+        real: PathBuf,
+    },
+}
+
 /// What the engine asks of SRC. Names are single components (the sys
 /// layer refuses anything else); nothing here writes.
 pub trait Source: Send + Sync {
+    /// Opens SRC's root, following a symlink there (the user named it).
+    fn open_root(&self, path: &Path) -> Result<SrcRoot, std::io::Error>;
+    /// Whether paths of this source are on this machine (so a DST inside
+    /// SRC, or the same file on both sides, is a question to ask).
+    fn is_local(&self) -> bool;
+    /// How a path of this source is written in messages.
+    fn name(&self, path: &Path) -> PathBuf {
+        path.to_owned()
+    }
     /// Opens the directory `name` in `dir`, never following a symlink.
     fn open_dir(&self, dir: &SrcDir, name: &CStr) -> Result<SrcDir, Errno>;
     /// `statx` of an open directory.
@@ -188,6 +213,31 @@ fn local(fd: Option<BorrowedFd<'_>>) -> Result<BorrowedFd<'_>, Errno> {
 pub struct LocalSource;
 
 impl Source for LocalSource {
+    fn open_root(&self, path: &Path) -> Result<SrcRoot, std::io::Error> {
+        if std::fs::metadata(path)?.is_dir() {
+            return Ok(SrcRoot::Dir(SrcDir::local(sluice_sys::open_dir_path(
+                path,
+            )?)));
+        }
+        let real = path.canonicalize()?;
+        let (Some(dir), Some(name)) = (real.parent(), real.file_name()) else {
+            return Err(std::io::Error::other("names no file"));
+        };
+        let dir = sluice_sys::open_dir_path(dir)?;
+        let name = CString::new(name.as_bytes()).map_err(std::io::Error::other)?;
+        let st = sluice_sys::stat_at(dir.as_fd(), &name)?;
+        Ok(SrcRoot::File {
+            dir: SrcDir::local(dir),
+            name,
+            st,
+            real,
+        })
+    }
+
+    fn is_local(&self) -> bool {
+        true
+    }
+
     fn open_dir(&self, dir: &SrcDir, name: &CStr) -> Result<SrcDir, Errno> {
         sluice_sys::open_dir_at(local(dir.fd())?, name).map(|fd| SrcDir(Handle::Local(fd)))
     }
