@@ -55,8 +55,9 @@ pub enum Command {
     Watch(WatchArgs),
     /// Measure throughput at 1, 2, 4, 8... streams and recommend a count.
     Probe(ProbeArgs),
-    /// Remote end for network copies (not implemented yet).
-    Serve(Rest),
+    /// The far end of a network copy: started by sluice over ssh on the
+    /// other host, it answers on stdin and stdout. Not for interactive use.
+    Serve(ServeArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish,
     /// powershell) on stdout, e.g.
     /// `sluice completions bash > /etc/bash_completion.d/sluice`.
@@ -67,20 +68,6 @@ pub enum Command {
 }
 
 impl Command {
-    pub fn name(&self) -> &'static str {
-        match self {
-            Command::Copy(_) => "copy",
-            Command::Sync(_) => "sync",
-            Command::Verify(_) => "verify",
-            Command::Image(_) => "image",
-            Command::Watch(_) => "watch",
-            Command::Probe(_) => "probe",
-            Command::Serve(_) => "serve",
-            Command::Completions { .. } => "completions",
-            Command::Man => "man",
-        }
-    }
-
     /// The SRC and DST paths the command was given.
     pub fn paths(&self) -> Vec<&std::path::Path> {
         fn job(j: &JobArgs) -> Vec<&std::path::Path> {
@@ -100,11 +87,11 @@ impl Command {
     }
 }
 
-/// Arguments of commands that do not exist yet.
 #[derive(Args)]
-pub struct Rest {
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    _args: Vec<String>,
+pub struct ServeArgs {
+    /// Speak the protocol on stdin and stdout (the only way so far).
+    #[arg(long, required = true)]
+    pub stdio: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -216,6 +203,19 @@ pub struct JobArgs {
     /// fit [default: an eighth of RAM].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub mem_limit: Option<u64>,
+    /// The command that reaches a remote host (`[user@]host:PATH`), run as
+    /// `CMD [user@]host sluice serve --stdio`, as rsync's -e is.
+    #[arg(
+        short = 'e',
+        long,
+        value_name = "CMD",
+        env = "SLUICE_RSH",
+        default_value = "ssh"
+    )]
+    pub rsh: String,
+    /// The sluice binary on the remote host.
+    #[arg(long, value_name = "PATH", default_value = "sluice")]
+    pub remote_path: String,
     #[command(flatten)]
     pub show: Show,
     /// The saved probe for this pair, looked up once.

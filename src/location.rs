@@ -51,29 +51,45 @@ impl Location {
     }
 }
 
-/// Refuses paths that name another host, which this build cannot reach
-/// yet: a remote-looking path is never taken as a local directory called
-/// `host:` (that would "succeed" and leave the data on the wrong machine).
-pub fn refuse_remote<'a>(paths: impl IntoIterator<Item = &'a Path>) -> Result<(), String> {
-    for p in paths {
-        if let Location::Remote { user, host, path } = Location::parse(p.as_os_str()) {
-            let login = match user {
-                Some(u) => format!("{u}@{host}"),
-                None => host,
-            };
-            return Err(format!(
-                "{} names {} on {login}: copying to or from another host is \
-                 not in this build of sluice yet. A local path with a colon is \
-                 written ./{}",
-                p.display(),
-                if path.as_os_str().is_empty() {
-                    "the home directory".to_string()
-                } else {
-                    path.display().to_string()
-                },
-                p.display()
-            ));
+impl Location {
+    /// `[user@]host`, as ssh takes it.
+    pub fn login(user: &Option<String>, host: &str) -> String {
+        match user {
+            Some(u) => format!("{u}@{host}"),
+            None => host.to_string(),
         }
+    }
+}
+
+/// The sides a command may not have on another host yet: DST (a copy to
+/// another host), several sources, and every side of `image`, `watch`
+/// and `probe`. A remote-looking path is never taken as a local directory
+/// called `host:` (that would "succeed" and leave the data on the wrong
+/// machine).
+pub fn refuse_remote(paths: &[&Path], src_may_be_remote: bool) -> Result<(), String> {
+    for (i, p) in paths.iter().enumerate() {
+        let Location::Remote { user, host, path } = Location::parse(p.as_os_str()) else {
+            continue;
+        };
+        if i == 0 && src_may_be_remote && paths.len() == 2 {
+            continue;
+        }
+        let login = Location::login(&user, &host);
+        let what = if path.as_os_str().is_empty() {
+            "the home directory".to_string()
+        } else {
+            path.display().to_string()
+        };
+        let why = if src_may_be_remote {
+            "this build of sluice copies from another host (sluice copy HOST:SRC DST) but              not yet to one, nor several sources at once"
+        } else {
+            "this command works on this host only"
+        };
+        return Err(format!(
+            "{} names {what} on {login}: {why}. A local path with a colon is written ./{}",
+            p.display(),
+            p.display()
+        ));
     }
     Ok(())
 }

@@ -16,6 +16,7 @@ mod image;
 mod location;
 mod output;
 mod probe;
+mod remote;
 mod saved;
 mod size;
 mod watch;
@@ -67,6 +68,15 @@ fn print_out(text: &[u8]) -> ExitCode {
     }
 }
 
+/// `sluice serve --stdio`: frames go straight to descriptors 0 and 1
+/// (std's stdout is line-buffered, which suits text, not frames).
+fn serve_stdio() -> std::io::Result<()> {
+    use std::os::fd::AsFd;
+    let input = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
+    let output = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
+    sluice_remote::serve(input, output)
+}
+
 fn main() -> ExitCode {
     let cli = match args::Cli::try_parse() {
         Ok(cli) => cli,
@@ -78,7 +88,11 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
         }
     };
-    if let Err(msg) = location::refuse_remote(cli.command.paths()) {
+    let pulls = matches!(
+        cli.command,
+        args::Command::Copy(_) | args::Command::Sync(_) | args::Command::Verify(_)
+    );
+    if let Err(msg) = location::refuse_remote(&cli.command.paths(), pulls) {
         eprintln!("sluice: error: {msg}");
         return ExitCode::from(2);
     }
@@ -108,6 +122,13 @@ fn main() -> ExitCode {
             clap_complete::generate(shell, &mut args::Cli::command(), "sluice", &mut out);
             print_out(&out)
         }
+        args::Command::Serve(_) => match serve_stdio() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sluice serve: error: {e}");
+                ExitCode::from(2)
+            }
+        },
         args::Command::Man => {
             use clap::CommandFactory;
             let mut out = Vec::new();
@@ -118,13 +139,6 @@ fn main() -> ExitCode {
                     ExitCode::from(2)
                 }
             }
-        }
-        other => {
-            eprintln!(
-                "sluice: error: `sluice {}` is not implemented yet",
-                other.name()
-            );
-            ExitCode::from(2)
         }
     }
 }

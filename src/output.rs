@@ -240,15 +240,45 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
     // Several sources run one after another into the same counters, so
     // one summary covers them all; a fatal error stops the rest.
     let mut result = Ok(Outcome::Complete);
+    let mut lost = None;
     for (src, dst) in &pairs {
-        let one = sluice_engine::copy(
-            src,
-            dst,
-            opts.clone(),
-            stats.clone(),
-            printer.clone(),
-            cancel.clone(),
-        );
+        let one = match crate::location::Location::parse(src.as_os_str()) {
+            crate::location::Location::Local(_) => sluice_engine::copy(
+                src,
+                dst,
+                opts.clone(),
+                stats.clone(),
+                printer.clone(),
+                cancel.clone(),
+            ),
+            crate::location::Location::Remote { user, host, path } => {
+                let login = crate::location::Location::login(&user, &host);
+                let reach = crate::remote::Reach {
+                    rsh: &args.rsh,
+                    remote_path: &args.remote_path,
+                };
+                let session = match crate::remote::Session::start(&login, &reach, cancel.clone()) {
+                    Ok(s) => s,
+                    Err(msg) => {
+                        done.store(true, Relaxed);
+                        eprintln!("sluice: error: {msg}");
+                        return ExitCode::from(2);
+                    }
+                };
+                let one = sluice_engine::copy_from(
+                    &session.source,
+                    &path,
+                    dst,
+                    opts.clone(),
+                    stats.clone(),
+                    printer.clone(),
+                    cancel.clone(),
+                );
+                lost = session.lost();
+                session.close();
+                one
+            }
+        };
         // (an earlier Err or Interrupted broke the loop already)
         result = match (result, one) {
             (Ok(Outcome::Partial), Ok(Outcome::Complete)) => Ok(Outcome::Partial),
@@ -282,6 +312,17 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
         if let JobError::Fatal(_) = e {
             eprintln!("sluice: nothing partial was left under a final name");
         }
+    }
+    if let Some(why) = &lost {
+        // The connection dropped: the job stopped as for a signal, with
+        // its state saved; that is a failure, not an interruption.
+        eprintln!("sluice: error: the connection to the remote host was lost ({why}); run the same command again to finish");
+        if args.show.json {
+            println!("{}", summary_json(&summary, "failed", kind));
+        } else if !args.show.quiet {
+            print!("{}", summary_table(&summary, kind));
+        }
+        return ExitCode::from(2);
     }
     if result.as_ref().is_ok_and(|o| *o == Outcome::Interrupted) {
         eprintln!(

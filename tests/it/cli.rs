@@ -488,12 +488,17 @@ fn a_remote_looking_path_is_never_a_local_directory() {
     };
     // Each side, each command: refused with exit 2 and a word on how to
     // write a local path with a colon; nothing created in the cwd.
+    // (A remote SRC is reached: tests/it/remote.rs. A remote DST, or a
+    // remote side of watch, image and probe, is not in this build.)
     for args in [
         &["copy", "d", "user@host:/x"][..],
         &["sync", "--delete", "d", "host:x"],
-        &["verify", "host:/d", "d"],
+        &["verify", "d", "host:/d"],
         &["copy", "d", "e", "[::1]:/x"],
+        &["copy", "h:/d", "e", "x"],
         &["watch", "d", "h:"],
+        &["watch", "h:/d", "d"],
+        &["image", "h:/dev/sda", "x.img"],
     ] {
         let out = run(args);
         assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));

@@ -10,6 +10,7 @@ mod fs;
 mod image;
 mod limits;
 mod probe;
+mod remote;
 mod resume;
 mod safety;
 mod sync;

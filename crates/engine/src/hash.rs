@@ -17,7 +17,7 @@ pub enum HashKind {
 
 /// A content digest: XXH3-128 in the first 16 bytes, or all 32 of BLAKE3.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct Digest([u8; 32]);
+pub struct Digest(pub [u8; 32]);
 
 enum Hasher {
     Xxh3(Box<xxhash_rust::xxh3::Xxh3>),

@@ -29,8 +29,9 @@ pub use xattr::{
     xattrs_equal, XattrSet,
 };
 
-/// The metadata sluice needs about one entry, read once with `statx`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The metadata sluice needs about one entry, read once with `statx`. A
+/// plain value: it crosses the wire as it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stat {
     pub mode: u32,
     pub uid: u32,

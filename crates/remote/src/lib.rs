@@ -1,0 +1,17 @@
+//! Reaching another host: the protocol (`wire`), the side that answers
+//! (`serve`, run by `sluice serve --stdio`) and the side that asks
+//! (`client::RemoteSource`, a [`sluice_engine::source::Source`]).
+//!
+//! The engine runs where DST is, next to the many small writes every file
+//! costs (create, write, set metadata, rename: a round trip each, were
+//! they made across the wire); what crosses the wire is SRC's side: one
+//! exchange per directory listed (stats included) and reads of file data.
+
+#![forbid(unsafe_code)]
+
+pub mod client;
+pub mod serve;
+pub mod wire;
+
+pub use client::{Conn, ConnectError, RemoteSource};
+pub use serve::serve;

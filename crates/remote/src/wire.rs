@@ -1,0 +1,217 @@
+//! What crosses the wire, and how.
+//!
+//! The two ends first trade one text line each, `sluice-protocol N
+//! sluice/VERSION`: readable in a terminal, and what a login script that
+//! prints a banner on stdout gets mixed up with, so the client can say
+//! which (rsync's "is your shell clean?"). After it, every message is a
+//! frame: a 4-byte little-endian length, then the message in postcard.
+//! Requests carry a number the reply repeats, so many streams share one
+//! channel with many requests in flight.
+
+use serde::{Deserialize, Serialize};
+use sluice_sys::Stat;
+use std::io::{self, Read, Write};
+
+/// Bumped whenever a message changes shape; both ends must agree.
+pub const PROTOCOL: u32 = 1;
+
+/// The largest frame either end accepts (a directory of a few hundred
+/// thousand entries, or one read).
+pub const MAX_FRAME: usize = 256 << 20;
+
+/// The most one read asks for.
+pub const MAX_READ: u32 = 8 << 20;
+
+/// The handshake line this build sends.
+pub fn hello() -> String {
+    format!(
+        "sluice-protocol {PROTOCOL} sluice/{}\n",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// The protocol number and program a handshake line names, if it is one.
+pub fn parse_hello(line: &str) -> Option<(u32, &str)> {
+    let mut words = line.trim_end().split(' ');
+    if words.next()? != "sluice-protocol" {
+        return None;
+    }
+    let n = words.next()?.parse().ok()?;
+    Some((n, words.next().unwrap_or("sluice/?")))
+}
+
+/// A question to the side that has SRC.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// SRC's root, as the user named it (symlinks followed).
+    OpenRoot {
+        path: Vec<u8>,
+    },
+    OpenDir {
+        dir: u64,
+        name: Vec<u8>,
+    },
+    StatDir {
+        dir: u64,
+    },
+    Kind {
+        dir: u64,
+    },
+    /// Every entry of a directory, with its stat, in one reply.
+    List {
+        dir: u64,
+    },
+    Stat {
+        dir: u64,
+        name: Vec<u8>,
+    },
+    ReadLink {
+        dir: u64,
+        name: Vec<u8>,
+    },
+    Open {
+        dir: u64,
+        name: Vec<u8>,
+    },
+    StatFile {
+        file: u64,
+    },
+    Read {
+        file: u64,
+        off: u64,
+        len: u32,
+    },
+    Hash {
+        file: u64,
+        off: u64,
+        len: u64,
+        blake3: bool,
+    },
+    Xattrs {
+        handle: u64,
+        acls: bool,
+    },
+    /// The handle is no longer needed (no reply).
+    Close {
+        handle: u64,
+    },
+}
+
+/// SRC's root: a directory, or a file in a directory.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Root {
+    Dir(u64),
+    File {
+        dir: u64,
+        name: Vec<u8>,
+        st: Stat,
+        real: Vec<u8>,
+    },
+}
+
+/// One listed entry: name, whether the listing says directory, and its
+/// stat or the errno `statx` gave.
+pub type Entry = (Vec<u8>, bool, Result<Stat, i32>);
+
+/// An answer.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Reply {
+    Root(Root),
+    Handle(u64),
+    Stat(Stat),
+    /// `sluice_sys::FsKind` as 0 plain, 1 no blocks, 2 synthetic.
+    Kind(u8),
+    Entries(Vec<Entry>),
+    Link(Vec<u8>),
+    Data(Vec<u8>),
+    Digest([u8; 32], u64),
+    Xattrs(Vec<(Vec<u8>, Vec<u8>)>),
+    /// The call failed with this errno.
+    Err(i32),
+    /// Opening the root failed: errno (0 when none) and what happened.
+    RootErr(i32, String),
+}
+
+/// Writes one frame.
+pub fn send<T: Serialize>(w: &mut impl Write, id: u64, msg: &T) -> io::Result<()> {
+    let mut buf = vec![0u8; 4];
+    buf = postcard::to_extend(&(id, msg), buf).map_err(io::Error::other)?;
+    let len = u32::try_from(buf.len() - 4).map_err(io::Error::other)?;
+    buf[..4].copy_from_slice(&len.to_le_bytes());
+    w.write_all(&buf)?;
+    w.flush()
+}
+
+/// Reads one frame; `Ok(None)` at a clean end of the stream.
+pub fn recv<T: for<'de> Deserialize<'de>>(
+    r: &mut impl Read,
+    buf: &mut Vec<u8>,
+) -> io::Result<Option<(u64, T)>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a frame of {len} bytes (the most is {MAX_FRAME})"),
+        ));
+    }
+    buf.resize(len, 0);
+    r.read_exact(buf)?;
+    let msg =
+        postcard::from_bytes(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    Ok(Some(msg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let mut pipe = Vec::new();
+        send(
+            &mut pipe,
+            7,
+            &Request::Read {
+                file: 3,
+                off: 1 << 40,
+                len: 4096,
+            },
+        )
+        .unwrap();
+        send(&mut pipe, 8, &Request::Close { handle: 3 }).unwrap();
+        let mut r = &pipe[..];
+        let mut buf = Vec::new();
+        match recv::<Request>(&mut r, &mut buf).unwrap() {
+            Some((
+                7,
+                Request::Read {
+                    file: 3,
+                    off,
+                    len: 4096,
+                },
+            )) => assert_eq!(off, 1 << 40),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            recv::<Request>(&mut r, &mut buf).unwrap(),
+            Some((8, Request::Close { handle: 3 }))
+        ));
+        assert!(recv::<Request>(&mut r, &mut buf).unwrap().is_none());
+    }
+
+    #[test]
+    fn handshake_lines() {
+        assert_eq!(parse_hello(&hello()).map(|h| h.0), Some(PROTOCOL));
+        assert_eq!(
+            parse_hello("sluice-protocol 9 sluice/9.0\n"),
+            Some((9, "sluice/9.0"))
+        );
+        assert_eq!(parse_hello("Welcome to host!\n"), None);
+    }
+}

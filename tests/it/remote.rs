@@ -1,0 +1,232 @@
+//! `host:PATH` sources: sluice starts `sluice serve --stdio` through the
+//! remote shell command (`-e`), here a stand-in for ssh that runs the
+//! command on this host the way ssh would run it on another (the words
+//! after the host joined and handed to a shell), so the whole path is
+//! exercised: handshake, frames, the far source, the engine writing here.
+//! The same commands over a real sshd in a network namespace are left to
+//! the network tests.
+
+use crate::common::*;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+/// A stand-in for ssh in `dir`: drops the host, runs the rest in `sh -c`,
+/// and leaves its process id in `dir/far.pid` (the far end, or its
+/// parent shell), so a test kills its own far end and no other test's.
+fn fake_ssh(dir: &Path) -> PathBuf {
+    let path = dir.join("fake-ssh");
+    let script = format!(
+        "#!/bin/sh\necho $$ > {}\nshift\nexec sh -c \"$*\"\n",
+        dir.join("far.pid").display()
+    );
+    fs::write(&path, script).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// `sluice COMMAND host:SRC DST ARGS` through the stand-in.
+fn remote(command: &str, rsh: &Path, src: &Path, dst: &Path, args: &[&str]) -> Command {
+    let mut c = sluice();
+    c.arg(command)
+        .arg(format!("somehost:{}", src.display()))
+        .arg(dst)
+        .arg("-e")
+        .arg(rsh)
+        .args(["--remote-path", env!("CARGO_BIN_EXE_sluice")])
+        .args(args)
+        .arg("--no-progress");
+    c
+}
+
+fn run_remote(command: &str, rsh: &Path, src: &Path, dst: &Path, args: &[&str]) -> Output {
+    remote(command, rsh, src, dst, args)
+        .output()
+        .expect("run sluice")
+}
+
+fn mixed_tree(src: &Path) {
+    write(&src.join("small/a.txt"), b"hello");
+    for i in 0..50 {
+        write(
+            &src.join(format!("small/many/f{i}")),
+            &bytes(3000 + i, i as u64),
+        );
+    }
+    write(&src.join("big.bin"), &bytes(9 << 20, 3));
+    std::os::unix::fs::symlink("small/a.txt", src.join("link")).unwrap();
+    fs::hard_link(src.join("small/a.txt"), src.join("small/hard")).unwrap();
+    let sparse = fs::File::create(src.join("sparse")).unwrap();
+    sparse.set_len(8 << 20).unwrap();
+    drop(sparse);
+    set_mtime(&src.join("small/a.txt"), 1_500_000_000, 123_456_789);
+    assert!(run(
+        "setfattr",
+        &[
+            "-n",
+            "user.note",
+            "-v",
+            "kept",
+            src.join("big.bin").to_str().unwrap()
+        ]
+    ));
+}
+
+#[test]
+fn a_remote_tree_copies_syncs_and_verifies_like_a_local_one() {
+    let t = disk_dir("remote-pull");
+    let rsh = fake_ssh(t.path());
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    mixed_tree(&src);
+    let args = ["--chunk-size", "1M", "--json"];
+    let out = run_remote("copy", &rsh, &src, &dst, &args);
+    ok(&out);
+    assert_same_tree(&src, &dst);
+    assert_no_temporaries(&dst);
+    assert_eq!(summary(&out)["hardlinks"], 1);
+    // The sparse file stayed sparse.
+    let sparse = fs::metadata(dst.join("sparse")).unwrap();
+    assert!(std::os::unix::fs::MetadataExt::blocks(&sparse) < 64);
+    // A rerun over an unchanged tree copies nothing.
+    let again = run_remote("copy", &rsh, &src, &dst, &args);
+    ok(&again);
+    assert_eq!(summary(&again)["bytes_copied"], 0);
+    // verify hashes on both ends: identical, then one changed byte found.
+    ok(&run_remote("verify", &rsh, &src, &dst, &["-q"]));
+    let mut data = fs::read(dst.join("big.bin")).unwrap();
+    data[5 << 20] ^= 1;
+    fs::write(dst.join("big.bin"), &data).unwrap();
+    let meta = fs::metadata(src.join("big.bin")).unwrap();
+    let mtime = std::os::unix::fs::MetadataExt::mtime(&meta);
+    let nsec = std::os::unix::fs::MetadataExt::mtime_nsec(&meta);
+    set_mtime(&dst.join("big.bin"), mtime, nsec);
+    let differs = run_remote("verify", &rsh, &src, &dst, &[]);
+    assert_eq!(code(&differs), 1, "{}", stderr(&differs));
+    assert!(stderr(&differs).contains("big.bin"), "{}", stderr(&differs));
+    // sync --delete: a changed file is replaced, an extra removed, and
+    // the source side's name is written host:path.
+    write(&src.join("small/a.txt"), b"changed");
+    write(&dst.join("extra"), b"x");
+    let out = run_remote("sync", &rsh, &src, &dst, &["--delete", "-v"]);
+    ok(&out);
+    assert!(stdout(&out).contains("delete"), "{}", stdout(&out));
+    fs::remove_file(dst.join("big.bin")).unwrap();
+    ok(&run_remote("sync", &rsh, &src, &dst, &["--delete", "-q"]));
+    assert_same_tree(&src, &dst);
+    // One file by itself, to a new name.
+    let one = t.path().join("one.txt");
+    ok(&run_remote(
+        "copy",
+        &rsh,
+        &src.join("small/a.txt"),
+        &one,
+        &["-q"],
+    ));
+    assert_eq!(fs::read(&one).unwrap(), b"changed");
+}
+
+#[test]
+fn killing_the_far_end_stops_with_exit_2_and_the_rerun_resumes() {
+    let t = disk_dir("remote-kill");
+    let rsh = fake_ssh(t.path());
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    let size = 48u64 << 20;
+    write(&src.join("big.bin"), &bytes(size as usize, 5));
+    write(&src.join("small"), b"small");
+    let args = ["--chunk-size", "1M", "-j", "2", "--json"];
+    // Held to 16 MB/s so the far end is surely killed mid-file.
+    let child = remote("copy", &rsh, &src, &dst, &args)
+        .args(["--bwlimit", "16MB/s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    let pid = fs::read_to_string(t.path().join("far.pid")).unwrap();
+    let pid = pid.trim();
+    // The far end is the shell itself (it exec'd) or its child.
+    let killed = run("pkill", &["-9", "-P", pid]) | run("kill", &["-9", pid]);
+    assert!(killed, "no far end to kill");
+    let first = child.wait_with_output().unwrap();
+    assert_eq!(code(&first), 2, "{}", stderr(&first));
+    assert!(
+        stderr(&first).contains("connection to the remote host was lost"),
+        "{}",
+        stderr(&first)
+    );
+    let before = summary(&first)["bytes_copied"].as_u64().unwrap();
+    assert!(before < size, "copied {before} before the kill");
+    assert_no_partial_files(&src, &dst);
+    let out = run_remote("copy", &rsh, &src, &dst, &args);
+    ok(&out);
+    let after = summary(&out)["bytes_copied"].as_u64().unwrap();
+    // At most one chunk per stream is sent again.
+    assert!(
+        before + after <= size + 5 + (2 << 20),
+        "{before} + {after} bytes for {size} + 5"
+    );
+    assert_same_tree(&src, &dst);
+    assert_no_temporaries(&dst);
+}
+
+#[test]
+fn a_far_end_that_is_not_sluice_gets_a_clear_error() {
+    let t = disk_dir("remote-bad");
+    let rsh = fake_ssh(t.path());
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("f"), b"f");
+    let with_remote = |remote_path: &str| {
+        sluice()
+            .arg("copy")
+            .arg(format!("h:{}", src.display()))
+            .arg(&dst)
+            .arg("-e")
+            .arg(&rsh)
+            .args(["--remote-path", remote_path])
+            .output()
+            .unwrap()
+    };
+    // No sluice there.
+    let out = with_remote("/nonexistent/sluice");
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("--remote-path"), "{}", stderr(&out));
+    // Another protocol version.
+    let other = t.path().join("other-sluice");
+    fs::write(
+        &other,
+        "#!/bin/sh\necho 'sluice-protocol 999 sluice/9.9.9'\ncat >/dev/null\n",
+    )
+    .unwrap();
+    fs::set_permissions(&other, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = with_remote(other.to_str().unwrap());
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("protocol 999") && stderr(&out).contains("same version"),
+        "{}",
+        stderr(&out)
+    );
+    // A login script that talks on stdout, then no sluice.
+    let chatty = t.path().join("chatty");
+    fs::write(&chatty, "#!/bin/sh\necho 'Welcome to the cluster'\n").unwrap();
+    fs::set_permissions(&chatty, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = with_remote(chatty.to_str().unwrap());
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("Welcome to the cluster"),
+        "{}",
+        stderr(&out)
+    );
+    // A remote shell that cannot be run.
+    let out = sluice()
+        .arg("copy")
+        .arg(format!("h:{}", src.display()))
+        .arg(&dst)
+        .args(["-e", "/nonexistent/ssh"])
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    // None of these created DST.
+    assert!(!dst.exists());
+}
