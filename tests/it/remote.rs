@@ -230,3 +230,29 @@ fn a_far_end_that_is_not_sluice_gets_a_clear_error() {
     // None of these created DST.
     assert!(!dst.exists());
 }
+
+#[test]
+fn a_changed_big_file_moves_only_the_pieces_that_differ() {
+    let t = disk_dir("remote-delta");
+    let rsh = fake_ssh(t.path());
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    let size = 32usize << 20;
+    let mut data = bytes(size, 9);
+    write(&src.join("big.bin"), &data);
+    let args = ["--chunk-size", "4M", "--json"];
+    ok(&run_remote("copy", &rsh, &src, &dst, &args));
+    // Two small changes, 20 MiB apart: two 1 MiB pieces differ.
+    data[3 << 20] ^= 0xff;
+    data[(23 << 20) + 7] ^= 0xff;
+    write(&src.join("big.bin"), &data);
+    let out = run_remote("copy", &rsh, &src, &dst, &args);
+    ok(&out);
+    let moved = summary(&out)["bytes_copied"].as_u64().unwrap();
+    assert_eq!(
+        moved,
+        2 << 20,
+        "{moved} bytes fetched for two changed bytes"
+    );
+    assert_same_tree(&src, &dst);
+    assert_no_temporaries(&dst);
+}

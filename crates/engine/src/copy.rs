@@ -164,6 +164,10 @@ pub(crate) struct BigFile {
     /// Whether `dst` already holds an older version: chunks are compared
     /// and only differing blocks written (see `delta`).
     delta: bool,
+    /// DST's older version, open for reading, when SRC is across a wire
+    /// and `dst` is a fresh temporary: pieces whose digests match are
+    /// taken from it rather than fetched.
+    old: Option<OwnedFd>,
     st: Stat,
     /// The chunks still to copy (all of them, unless resumed).
     todo: Vec<u64>,
@@ -1058,6 +1062,19 @@ impl Worker {
             && src
                 .fd()
                 .is_some_and(|fd| self.use_direct(fd, dst.as_fd(), st));
+        // Across a wire, an older version is worth reading here rather
+        // than fetching again (a clone or --inplace already holds it).
+        let old = match (src.fd(), delta, node.existed) {
+            (None, false, true) => {
+                sluice_sys::open_read_at(node.dst(), dst_name)
+                    .ok()
+                    .filter(|fd| {
+                        sluice_sys::stat_fd(fd.as_fd())
+                            .is_ok_and(|s| s.file_type() == FileType::RegularFile && s.size > 0)
+                    })
+            }
+            _ => None,
+        };
         // In place needs no record: the source's mtime is set last, so an
         // interrupted file still looks changed and is compared again.
         let journaled = !todo.is_empty() && journal.is_some() && record.is_some();
@@ -1074,6 +1091,7 @@ impl Worker {
             dst: Arc::new(dst),
             direct,
             delta,
+            old,
             st: *st,
             todo,
             next: AtomicU64::new(0),
@@ -1157,18 +1175,16 @@ impl Worker {
         let (off, len) = plan::chunk_range(big.st.size, self.shared.opts.chunk_size, i);
         let dst = big.dst.as_fd();
         self.doing(Activity::Copy);
-        let copied = if let (None, false) = (big.src.fd(), big.delta) {
-            self.copy_far(&big.src, dst, off, len, big.st.is_sparse())?
-        } else if big.delta {
-            self.patch_range(&big.src, dst, off, len, big.direct)?
-        } else if let (true, Some(src)) = (big.direct, big.src.fd()) {
-            self.copy_direct(src, dst, off, len)?
-        } else if let Some(src) = big.src.fd().filter(|_| big.st.is_sparse()) {
-            self.copy_extents(src, dst, off, len)?
-        } else if let Some(src) = big.src.fd() {
-            self.copy_range(src, dst, off, len)?
-        } else {
-            unreachable!("a source across a wire is copied by copy_far")
+        let copied = match big.src.fd() {
+            None if big.delta => self.patch_far(&big.src, dst, dst, off, len)?,
+            None => match &big.old {
+                Some(old) => self.patch_far(&big.src, old.as_fd(), dst, off, len)?,
+                None => self.copy_far(&big.src, dst, off, len, big.st.is_sparse())?,
+            },
+            Some(_) if big.delta => self.patch_range(&big.src, dst, off, len, big.direct)?,
+            Some(src) if big.direct => self.copy_direct(src, dst, off, len)?,
+            Some(src) if big.st.is_sparse() => self.copy_extents(src, dst, off, len)?,
+            Some(src) => self.copy_range(src, dst, off, len)?,
         };
         big.copied.fetch_add(copied, Relaxed);
         self.shared.stats.chunk_bytes.fetch_add(copied, Relaxed);

@@ -124,3 +124,69 @@ impl Worker {
         Ok(written)
     }
 }
+
+/// The piece a changed big file from across a wire is compared in: one
+/// digest exchange per MiB, and a change costs at most a MiB on the wire.
+const FAR_PIECE: usize = 1 << 20;
+
+impl Worker {
+    /// Makes `[off, off + len)` of `dst` equal to a far source's, moving
+    /// across the wire only the pieces that differ: each piece of `basis`
+    /// (DST's older version) is hashed here, the source hashes its own, and
+    /// only where the digests differ are the bytes fetched. An equal piece
+    /// is copied from `basis` locally, unless `basis` is `dst` itself (a
+    /// clone, or `--inplace`). Returns the bytes fetched.
+    pub(crate) fn patch_far(
+        &mut self,
+        src: &SrcFile,
+        basis: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
+        off: u64,
+        len: u64,
+    ) -> Result<u64, (&'static str, Errno)> {
+        let kind = crate::hash::HashKind::Xxh3;
+        let same_file = sluice_sys::stat_fd(basis).map(|s| (s.dev, s.ino))
+            == sluice_sys::stat_fd(dst).map(|s| (s.dev, s.ino));
+        let shared = self.shared.clone();
+        let (gauge, id) = (&shared.gauge, self.id());
+        let buf = self.scratch.buf();
+        let piece = FAR_PIECE.min(buf.len());
+        let buf = &mut buf[..piece];
+        let (mut done, mut fetched) = (0u64, 0u64);
+        while done < len {
+            let want = (len - done).min(piece as u64);
+            let at = off + done;
+            gauge.set(id, Activity::Read);
+            let ours = crate::hash::hash_range(basis, at, want, buf, kind)
+                .map_err(|e| ("read old copy", e))?;
+            let theirs = (shared.source.hash(src, at, want, buf, kind)).map_err(|e| ("read", e))?;
+            if ours == theirs {
+                if !same_file {
+                    let n = sluice_sys::read_full_at(basis, &mut buf[..want as usize], at)
+                        .map_err(|e| ("read old copy", e))?;
+                    gauge.set(id, Activity::Write);
+                    sluice_sys::write_all_at(dst, &buf[..n], at).map_err(|e| ("write", e))?;
+                }
+                done += theirs.1;
+                if theirs.1 < want {
+                    break; // the source ends here
+                }
+                continue;
+            }
+            if shared.throttle.as_ref().is_some_and(|t| !t.take(want)) {
+                return Err(("write", Errno::INTR)); // stopped
+            }
+            let n = (shared.source.read_at(src, &mut buf[..want as usize], at))
+                .map_err(|e| ("read", e))?;
+            gauge.set(id, Activity::Write);
+            sluice_sys::write_all_at(dst, &buf[..n], at).map_err(|e| ("write", e))?;
+            shared.stats.data_moved.fetch_add(n as u64, Relaxed);
+            fetched += n as u64;
+            done += n as u64;
+            if (n as u64) < want {
+                break;
+            }
+        }
+        Ok(fetched)
+    }
+}
