@@ -61,17 +61,19 @@ impl Location {
     }
 }
 
-/// The sides a command may not have on another host yet: DST (a copy to
-/// another host), several sources, and every side of `image`, `watch`
-/// and `probe`. A remote-looking path is never taken as a local directory
-/// called `host:` (that would "succeed" and leave the data on the wrong
-/// machine).
-pub fn refuse_remote(paths: &[&Path], src_may_be_remote: bool) -> Result<(), String> {
-    for (i, p) in paths.iter().enumerate() {
+/// The sides a command may not have on another host yet: both sides of
+/// a copy, a copy with several sources, and every side of `image`,
+/// `watch` and `probe`. A remote-looking path is never taken as a local
+/// directory called `host:` (that would "succeed" and leave the data on
+/// the wrong machine).
+pub fn refuse_remote(paths: &[&Path], may_be_remote: bool) -> Result<(), String> {
+    let remote = |p: &Path| matches!(Location::parse(p.as_os_str()), Location::Remote { .. });
+    let one_side = paths.len() == 2 && !(remote(paths[0]) && remote(paths[1]));
+    for p in paths {
         let Location::Remote { user, host, path } = Location::parse(p.as_os_str()) else {
             continue;
         };
-        if i == 0 && src_may_be_remote && paths.len() == 2 {
+        if may_be_remote && one_side {
             continue;
         }
         let login = Location::login(&user, &host);
@@ -80,8 +82,8 @@ pub fn refuse_remote(paths: &[&Path], src_may_be_remote: bool) -> Result<(), Str
         } else {
             path.display().to_string()
         };
-        let why = if src_may_be_remote {
-            "this build of sluice copies from another host (sluice copy HOST:SRC DST) but              not yet to one, nor several sources at once"
+        let why = if may_be_remote {
+            "one side of a copy may be on another host, not both, and not with several sources"
         } else {
             "this command works on this host only"
         };

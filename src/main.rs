@@ -68,13 +68,50 @@ fn print_out(text: &[u8]) -> ExitCode {
     }
 }
 
+/// Runs `copy`, `sync` or `verify` of files (`None` for any other
+/// command); `pushed` when `sluice serve` runs a client's copy to here.
+fn job_command(command: &args::Command, pushed: Option<output::Pushed>) -> Option<u8> {
+    Some(match command {
+        args::Command::Copy(c) => {
+            let kind = Kind::Copy { dry_run: c.dry_run };
+            output::run_job(&c.job, kind, c.options(), pushed)
+        }
+        args::Command::Sync(c) => {
+            let kind = Kind::Copy {
+                dry_run: c.copy.dry_run,
+            };
+            output::run_job(&c.copy.job, kind, c.options(), pushed)
+        }
+        args::Command::Verify(c) if !image::is_image_pair(&c.job.src, &c.job.dst) => {
+            output::run_job(&c.job, Kind::Verify, c.options(), pushed)
+        }
+        _ => return None,
+    })
+}
+
 /// `sluice serve --stdio`: frames go straight to descriptors 0 and 1
-/// (std's stdout is line-buffered, which suits text, not frames).
+/// (std's stdout is line-buffered, which suits text, not frames). A job a
+/// client sends is parsed as its command line was on the client.
 fn serve_stdio() -> std::io::Result<()> {
     use std::os::fd::AsFd;
+    use std::os::unix::ffi::OsStringExt;
     let input = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
     let output = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
-    sluice_remote::serve(input, output)
+    let run: sluice_remote::RunJob = std::sync::Arc::new(|argv, source, cancel| {
+        let argv = argv.into_iter().map(std::ffi::OsString::from_vec);
+        let cli = match args::Cli::try_parse_from(argv) {
+            Ok(cli) => cli,
+            Err(e) => {
+                eprintln!("sluice serve: the client's command: {e}");
+                return 2;
+            }
+        };
+        job_command(&cli.command, Some(output::Pushed { source, cancel })).unwrap_or_else(|| {
+            eprintln!("sluice serve: the client sent a command that copies nothing");
+            2
+        })
+    });
+    sluice_remote::serve(input, output, run)
 }
 
 fn main() -> ExitCode {
@@ -96,26 +133,18 @@ fn main() -> ExitCode {
         eprintln!("sluice: error: {msg}");
         return ExitCode::from(2);
     }
+    if let Some(code) = job_command(&cli.command, None) {
+        return ExitCode::from(code);
+    }
     match cli.command {
-        args::Command::Copy(c) => {
-            let opts = c.options();
-            output::run_job(&c.job, Kind::Copy { dry_run: c.dry_run }, opts)
-        }
-        args::Command::Sync(c) => {
-            let opts = c.options();
-            let dry_run = c.copy.dry_run;
-            output::run_job(&c.copy.job, Kind::Copy { dry_run }, opts)
-        }
+        args::Command::Copy(_) | args::Command::Sync(_) => unreachable!("run above"),
         args::Command::Probe(c) => probe::run(&c),
         args::Command::Image(c) => image::run(&c),
         args::Command::Watch(c) => watch::run(&c),
         args::Command::Verify(c) if image::is_image_pair(&c.job.src, &c.job.dst) => {
             image::run_with(&c.job.src, &c.job.dst, c.image_options(), &c.job.show)
         }
-        args::Command::Verify(c) => {
-            let opts = c.options();
-            output::run_job(&c.job, Kind::Verify, opts)
-        }
+        args::Command::Verify(_) => unreachable!("run above"),
         args::Command::Completions { shell } => {
             use clap::CommandFactory;
             let mut out = Vec::new();

@@ -2,6 +2,7 @@
 //! the `--json` stream.
 
 use crate::args::JobArgs;
+use crate::location::Location;
 use crate::size::human_bytes;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
@@ -10,7 +11,6 @@ use sluice_engine::{
     escape, CopyOptions, EntryError, JobError, Outcome, Reporter, Side, Stats, Summary,
 };
 use std::io::{IsTerminal, Write};
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -192,8 +192,21 @@ pub enum Kind {
     Verify,
 }
 
+/// A job `sluice serve` runs for a client copying to this host: SRC is
+/// the client's tree, read back across the connection, and the
+/// connection's flag stops the job (the client was interrupted or lost).
+pub struct Pushed {
+    pub source: Arc<dyn sluice_engine::source::Source>,
+    pub cancel: Arc<AtomicBool>,
+}
+
 /// Runs a job (`copy`, `sync`, `verify`) and returns its exit code.
-pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) -> ExitCode {
+pub fn run_job(
+    args: &JobArgs,
+    kind: Kind,
+    opts: Result<CopyOptions, String>,
+    pushed: Option<Pushed>,
+) -> u8 {
     let pairs = match kind {
         Kind::Verify => args
             .one_pair("verify")
@@ -204,7 +217,7 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
         (Ok(o), Ok(p)) => (o, p),
         (Err(msg), _) | (_, Err(msg)) => {
             eprintln!("sluice: error: {msg}");
-            return ExitCode::from(2);
+            return 2;
         }
     };
     if let (Some(saved), false) = (args.saved_probe(), args.show.json) {
@@ -215,14 +228,23 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
             saved.dst.display()
         );
     }
-    let cancel = cancel_on_signals();
+    if pushed.is_none() {
+        if let Location::Remote { user, host, path } = Location::parse(args.dst.as_os_str()) {
+            let login = Location::login(&user, &host);
+            return crate::remote::push(args, &login, &path);
+        }
+    }
+    let cancel = match &pushed {
+        Some(p) => p.cancel.clone(),
+        None => cancel_on_signals(),
+    };
     let stats = Arc::new(Stats::default());
     let dry_run = matches!(kind, Kind::Copy { dry_run: true });
     let printer = match Printer::for_show(&args.show, dry_run) {
         Ok(p) => p,
         Err(msg) => {
             eprintln!("sluice: error: {msg}");
-            return ExitCode::from(2);
+            return 2;
         }
     };
     let start = Instant::now();
@@ -242,8 +264,9 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
     let mut result = Ok(Outcome::Complete);
     let mut lost = None;
     for (src, dst) in &pairs {
-        let one = match crate::location::Location::parse(src.as_os_str()) {
-            crate::location::Location::Local(_) => sluice_engine::copy(
+        let one = match Location::parse(src.as_os_str()) {
+            _ if pushed.is_some() => sluice_engine::copy_from(
+                &pushed.as_ref().expect("pushed").source,
                 src,
                 dst,
                 opts.clone(),
@@ -251,18 +274,31 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
                 printer.clone(),
                 cancel.clone(),
             ),
-            crate::location::Location::Remote { user, host, path } => {
-                let login = crate::location::Location::login(&user, &host);
+            Location::Local(_) => sluice_engine::copy(
+                src,
+                dst,
+                opts.clone(),
+                stats.clone(),
+                printer.clone(),
+                cancel.clone(),
+            ),
+            Location::Remote { user, host, path } => {
+                let login = Location::login(&user, &host);
                 let reach = crate::remote::Reach {
                     rsh: &args.rsh,
                     remote_path: &args.remote_path,
                 };
-                let session = match crate::remote::Session::start(&login, &reach, cancel.clone()) {
+                let on_lost = {
+                    let cancel = cancel.clone();
+                    move || cancel.store(true, Relaxed)
+                };
+                let ignore: sluice_remote::Handler = Box::new(|_, _| {});
+                let session = match crate::remote::Session::start(&login, &reach, on_lost, ignore) {
                     Ok(s) => s,
                     Err(msg) => {
                         done.store(true, Relaxed);
                         eprintln!("sluice: error: {msg}");
-                        return ExitCode::from(2);
+                        return 2;
                     }
                 };
                 let one = sluice_engine::copy_from(
@@ -322,7 +358,7 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
         } else if !args.show.quiet {
             print!("{}", summary_table(&summary, kind));
         }
-        return ExitCode::from(2);
+        return 2;
     }
     if result.as_ref().is_ok_and(|o| *o == Outcome::Interrupted) {
         eprintln!(
@@ -340,7 +376,7 @@ pub fn run_job(args: &JobArgs, kind: Kind, opts: Result<CopyOptions, String>) ->
     {
         print!("{}", summary_table(&summary, kind));
     }
-    ExitCode::from(code)
+    code
 }
 
 /// The last stop signal received (0: none), for the closing message.

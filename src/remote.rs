@@ -2,16 +2,20 @@
 //! start `sluice serve --stdio` on the other host, so `~/.ssh/config`,
 //! agents, ProxyJump and known_hosts work as they do for rsync.
 
+use crate::args::JobArgs;
 use sluice_engine::source::Source;
-use sluice_remote::{Conn, ConnectError, RemoteSource};
+use sluice_remote::wire::Msg;
+use sluice_remote::{ConnectError, Handler, Peer, RemoteSource};
+use std::io::Write;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 /// A running `sluice serve` on another host.
 pub struct Session {
     child: Child,
-    conn: Arc<Conn>,
+    conn: Arc<Peer>,
     pub source: Arc<dyn Source>,
 }
 
@@ -25,7 +29,12 @@ pub struct Reach<'a> {
 impl Session {
     /// Starts `sluice serve --stdio` as `login` (`[user@]host`) and trades
     /// handshakes. `cancel` is set if the connection drops mid-job.
-    pub fn start(login: &str, reach: &Reach, cancel: Arc<AtomicBool>) -> Result<Session, String> {
+    pub fn start(
+        login: &str,
+        reach: &Reach,
+        on_lost: impl Fn() + Send + Sync + 'static,
+        handler: Handler,
+    ) -> Result<Session, String> {
         let mut words = reach.rsh.split_whitespace();
         let program = words
             .next()
@@ -45,11 +54,10 @@ impl Session {
         let (Some(input), Some(output)) = (input, output) else {
             return Err("no pipes to the remote shell".into());
         };
-        let lost = move || cancel.store(true, Relaxed);
-        match Conn::start(input, output, lost) {
+        match sluice_remote::connect(input, output, on_lost, handler) {
             Ok(conn) => Ok(Session {
                 child,
-                source: Arc::new(RemoteSource::new(conn.clone(), login.to_string())),
+                source: Arc::new(RemoteSource::new(conn.clone(), Some(login.to_string()))),
                 conn,
             }),
             Err(e) => {
@@ -89,4 +97,92 @@ impl Session {
         self.conn.hang_up();
         let _ = self.child.wait();
     }
+}
+
+/// What a push's connection tells the command.
+enum Heard {
+    Done(u8),
+    Lost,
+}
+
+/// `sluice copy|sync|verify SRC [user@]host:PATH`: the job runs on the
+/// other host, where DST is, reading SRC from here across the connection;
+/// what it prints comes back to this stdout (and its stderr through the
+/// remote shell's). Returns the exit code.
+pub fn push(args: &JobArgs, login: &str, path: &std::path::Path) -> u8 {
+    let here_only = [
+        (args.show.log_file.is_some(), "--log-file"),
+        (!args.exclude_from.is_empty(), "--exclude-from"),
+        (!args.include_from.is_empty(), "--include-from"),
+        (args.files_from.is_some(), "--files-from"),
+    ];
+    if let Some((_, flag)) = here_only.iter().find(|(used, _)| *used) {
+        eprintln!(
+            "sluice: error: {flag} names a file on this host, which a copy to another host \
+             does not read yet (give the patterns with --exclude/--include)"
+        );
+        return 2;
+    }
+    let cancel = crate::output::cancel_on_signals();
+    let (tx, rx) = mpsc::channel();
+    let lost = {
+        let tx = tx.clone();
+        move || {
+            let _ = tx.send(Heard::Lost);
+        }
+    };
+    let handler: Handler = Box::new(move |_peer: &Arc<Peer>, msg: Msg| match msg {
+        Msg::Out(bytes) => {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(&bytes).and_then(|()| out.flush());
+        }
+        Msg::Done(code) => {
+            let _ = tx.send(Heard::Done(code));
+        }
+        _ => {}
+    });
+    let reach = Reach {
+        rsh: &args.rsh,
+        remote_path: &args.remote_path,
+    };
+    let session = match Session::start(login, &reach, lost, handler) {
+        Ok(s) => s,
+        Err(msg) => {
+            eprintln!("sluice: error: {msg}");
+            return 2;
+        }
+    };
+    // The same command line, with DST as the path over there: the far end
+    // parses it as this one did.
+    let mut argv: Vec<Vec<u8>> = std::env::args_os()
+        .map(|a| std::os::unix::ffi::OsStringExt::into_vec(a))
+        .collect();
+    let dst = args.dst.as_os_str().as_encoded_bytes();
+    if let Some(last) = argv.iter_mut().rev().find(|a| a.as_slice() == dst) {
+        *last = path.as_os_str().as_encoded_bytes().to_vec();
+    }
+    session.conn.send(0, &Msg::Job(argv));
+    let mut cancelled = false;
+    let code = loop {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(Heard::Done(code)) => break code,
+            Ok(Heard::Lost) => {
+                let why = session.lost().unwrap_or_else(|| "it closed".into());
+                eprintln!(
+                    "sluice: error: the connection to {login} was lost ({why}); run the same \
+                     command again to finish"
+                );
+                break 2;
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if cancel.load(Relaxed) && !cancelled {
+                    session.conn.send(0, &Msg::Cancel);
+                    cancelled = true;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break 2,
+        }
+    };
+    session.close();
+    code
 }

@@ -488,12 +488,12 @@ fn a_remote_looking_path_is_never_a_local_directory() {
     };
     // Each side, each command: refused with exit 2 and a word on how to
     // write a local path with a colon; nothing created in the cwd.
-    // (A remote SRC is reached: tests/it/remote.rs. A remote DST, or a
-    // remote side of watch, image and probe, is not in this build.)
+    // (One remote side of copy, sync or verify is reached:
+    // tests/it/remote.rs. Both sides remote, several sources with a
+    // remote side, or a remote side of watch, image and probe, are not.)
     for args in [
-        &["copy", "d", "user@host:/x"][..],
-        &["sync", "--delete", "d", "host:x"],
-        &["verify", "d", "host:/d"],
+        &["copy", "h:/d", "user@host:/x"][..],
+        &["sync", "--delete", "h:d", "host:x"],
         &["copy", "d", "e", "[::1]:/x"],
         &["copy", "h:/d", "e", "x"],
         &["watch", "d", "h:"],

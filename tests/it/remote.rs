@@ -256,3 +256,110 @@ fn a_changed_big_file_moves_only_the_pieces_that_differ() {
     assert_same_tree(&src, &dst);
     assert_no_temporaries(&dst);
 }
+
+/// `sluice COMMAND SRC host:DST ARGS` through the stand-in.
+fn push(command: &str, rsh: &Path, src: &Path, dst: &Path, args: &[&str]) -> Command {
+    let mut c = sluice();
+    c.arg(command)
+        .arg(src)
+        .arg(format!("somehost:{}", dst.display()))
+        .arg("-e")
+        .arg(rsh)
+        .args(["--remote-path", env!("CARGO_BIN_EXE_sluice")])
+        .args(args)
+        .arg("--no-progress");
+    c
+}
+
+#[test]
+fn a_tree_pushed_to_another_host_lands_like_a_local_copy() {
+    let t = disk_dir("remote-push");
+    let rsh = fake_ssh(t.path());
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    mixed_tree(&src);
+    let args = ["--chunk-size", "1M", "--json"];
+    let out = push("copy", &rsh, &src, &dst, &args).output().unwrap();
+    ok(&out);
+    // The far end's JSON comes back on this stdout.
+    assert_eq!(summary(&out)["hardlinks"], 1, "{}", stdout(&out));
+    assert_same_tree(&src, &dst);
+    assert_no_temporaries(&dst);
+    let again = push("copy", &rsh, &src, &dst, &args).output().unwrap();
+    ok(&again);
+    assert_eq!(summary(&again)["bytes_copied"], 0);
+    write(&dst.join("small/extra"), b"x");
+    write(&src.join("small/a.txt"), b"changed");
+    let out = push("sync", &rsh, &src, &dst, &["--delete", "-v"])
+        .output()
+        .unwrap();
+    ok(&out);
+    assert!(stdout(&out).contains("delete"), "{}", stdout(&out));
+    assert_same_tree(&src, &dst);
+    ok(&push("verify", &rsh, &src, &dst, &["-q"]).output().unwrap());
+    // Patterns from a file on this host are not read there: refused, not
+    // silently ignored.
+    fs::write(t.path().join("pats"), "*.bin\n").unwrap();
+    let out = push("copy", &rsh, &src, &dst, &["--exclude-from"])
+        .arg(t.path().join("pats"))
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+}
+
+#[test]
+fn a_push_stops_cleanly_when_interrupted_or_cut_and_resumes() {
+    let t = disk_dir("remote-push-kill");
+    let rsh = fake_ssh(t.path());
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    let size = 48u64 << 20;
+    write(&src.join("big.bin"), &bytes(size as usize, 6));
+    let args = ["--chunk-size", "1M", "-j", "2", "--json"];
+    let slow = |extra: &[&str]| {
+        push("copy", &rsh, &src, &dst, &args)
+            .args(["--bwlimit", "16MB/s"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // SIGINT on this side stops the job over there: exit 130, state kept.
+    let child = slow(&[]);
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(run("kill", &["-INT", &child.id().to_string()]));
+    let first = child.wait_with_output().unwrap();
+    assert_eq!(code(&first), 130, "{}", stderr(&first));
+    let before = summary(&first)["bytes_copied"].as_u64().unwrap();
+    assert!(before > 0 && before < size, "{before}");
+    assert_only_resume_state(&dst);
+    // The far end killed: exit 2 here, nothing torn there.
+    let child = slow(&[]);
+    std::thread::sleep(Duration::from_millis(800));
+    let pid = fs::read_to_string(t.path().join("far.pid")).unwrap();
+    let pid = pid.trim();
+    assert!(run("pkill", &["-9", "-P", pid]) | run("kill", &["-9", pid]));
+    let cut = child.wait_with_output().unwrap();
+    assert_eq!(code(&cut), 2, "{}", stderr(&cut));
+    assert!(stderr(&cut).contains("lost"), "{}", stderr(&cut));
+    assert_no_partial_files(&src, &dst);
+    // This side killed: the far end stops by itself (its input ended),
+    // keeping its state, and leaves nothing torn.
+    let mut child = slow(&[]);
+    std::thread::sleep(Duration::from_millis(800));
+    let pid = fs::read_to_string(t.path().join("far.pid")).unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let gone = (0..100).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        !run("kill", &["-0", pid.trim()])
+    });
+    assert!(gone, "the far end kept running after its client was killed");
+    assert_no_partial_files(&src, &dst);
+    // The rerun finishes, sending again at most a chunk per stream.
+    let out = push("copy", &rsh, &src, &dst, &args).output().unwrap();
+    ok(&out);
+    let after = summary(&out)["bytes_copied"].as_u64().unwrap();
+    assert!(after < size, "the rerun copied {after} of {size}");
+    assert_same_tree(&src, &dst);
+    assert_no_temporaries(&dst);
+}

@@ -10,8 +10,10 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod peer;
 pub mod serve;
 pub mod wire;
 
-pub use client::{Conn, ConnectError, RemoteSource};
-pub use serve::serve;
+pub use client::{connect, RemoteSource};
+pub use peer::{ConnectError, Handler, Peer};
+pub use serve::{serve, RunJob};

@@ -132,6 +132,24 @@ pub enum Reply {
     RootErr(i32, String),
 }
 
+/// Every frame's message, either way.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Msg {
+    /// A question about the sender's peer's SRC.
+    Req(Request),
+    /// The answer to the request of the frame's number.
+    Rep(Reply),
+    /// A copy to this host (push): the client's command line, its SRC
+    /// read back across this connection, its DST here.
+    Job(Vec<Vec<u8>>),
+    /// What the job run here printed on its stdout, for the client's.
+    Out(Vec<u8>),
+    /// The job run here ended with this exit code.
+    Done(u8),
+    /// Stop the job run here (the client was interrupted).
+    Cancel,
+}
+
 /// Writes one frame.
 pub fn send<T: Serialize>(w: &mut impl Write, id: u64, msg: &T) -> io::Result<()> {
     let mut buf = vec![0u8; 4];

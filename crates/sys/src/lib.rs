@@ -859,3 +859,10 @@ mod tests {
         assert!(!is_own_temp(forged.as_bytes(), dir), "tag of another name");
     }
 }
+
+/// Points this process's standard output (descriptor 1) at `fd`: what
+/// `sluice serve` does while a job runs there, so what the job prints
+/// goes to its client rather than into the protocol's stream.
+pub fn redirect_stdout(fd: BorrowedFd<'_>) -> Result<()> {
+    rustix::stdio::dup2_stdout(fd)
+}

@@ -1,0 +1,434 @@
+//! One end of a connection, either end: it sends requests and waits for
+//! their replies, answers the requests the other end sends about this
+//! host's tree, and hands every other message to its owner.
+//!
+//! Each call sends a numbered request and waits for the reply with that
+//! number, which one reader thread hands out, so as many requests are in
+//! flight as the job has streams. Requests from the other end are
+//! answered by a fixed pool of threads (started on the first one), so a
+//! slow disk read does not hold up a quick `statx`; answering only reads,
+//! opening what it is asked by single names from handles it gave out (the
+//! sys layer refuses `/` and `..` in a name), and writes nothing. When
+//! the connection ends, every waiting and later call fails with
+//! `ECONNRESET` and `on_lost` is told once.
+
+use crate::wire::{self, Msg, Reply, Request, Root};
+use sluice_engine::hash::HashKind;
+use sluice_engine::source::{LocalSource, Open, Source, SrcDir, SrcFile, SrcRoot};
+use sluice_sys::{AlignedBuf, Errno, FsKind, XattrSet};
+use sluice_walk::DirStream;
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
+
+/// Threads answering requests: more than a client's usual stream count,
+/// so none waits for a thread while another waits for the disk.
+const THREADS: usize = 32;
+
+/// Why a connection could not be made.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// The far end closed before saying anything: `lines` is what it
+    /// printed instead (a login banner, a shell's error).
+    NoSluice {
+        lines: Vec<String>,
+    },
+    /// It answered with another protocol.
+    Version {
+        theirs: u32,
+        program: String,
+    },
+    Io(io::Error),
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectError::NoSluice { lines } if lines.is_empty() => {
+                write!(f, "the other end closed before sluice answered")
+            }
+            ConnectError::NoSluice { lines } => write!(
+                f,
+                "the other end printed {:?} instead of sluice's handshake (does a login \
+                 script write to stdout?)",
+                lines.join("\n")
+            ),
+            ConnectError::Version { theirs, program } => write!(
+                f,
+                "the other end runs {program}, which speaks protocol {theirs}; this is \
+                 sluice/{}, protocol {}: install the same version on both hosts",
+                env!("CARGO_PKG_VERSION"),
+                wire::PROTOCOL
+            ),
+            ConnectError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Sends this end's handshake line and reads the other's. Lines before it
+/// are a login script's: a few are kept for the message, then the other
+/// end is taken for not sluice. `Ok(None)`: it hung up without a word
+/// (taken as a clean end by a server).
+pub fn handshake<R: Read>(
+    input: R,
+    output: &mut impl Write,
+) -> Result<Option<BufReader<R>>, ConnectError> {
+    output
+        .write_all(wire::hello().as_bytes())
+        .and_then(|()| output.flush())
+        .map_err(ConnectError::Io)?;
+    let mut input = BufReader::with_capacity(1 << 20, input);
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        match input.read_line(&mut line) {
+            Ok(0) if lines.is_empty() => return Ok(None),
+            Ok(0) => return Err(ConnectError::NoSluice { lines }),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                return Err(ConnectError::NoSluice { lines })
+            }
+            Err(e) => return Err(ConnectError::Io(e)),
+        }
+        match wire::parse_hello(&line) {
+            Some((n, _)) if n == wire::PROTOCOL => return Ok(Some(input)),
+            Some((theirs, program)) => {
+                return Err(ConnectError::Version {
+                    theirs,
+                    program: program.to_string(),
+                })
+            }
+            None if lines.len() < 20 => lines.push(line.trim_end().to_string()),
+            None => return Err(ConnectError::NoSluice { lines }),
+        }
+    }
+}
+
+/// What the owner of a [`Peer`] is handed: every message that is neither
+/// a request nor a reply.
+pub type Handler = Box<dyn Fn(&Arc<Peer>, Msg) + Send + Sync>;
+
+/// One end of a connection.
+pub struct Peer {
+    out: Mutex<Box<dyn Write + Send>>,
+    waiting: Mutex<HashMap<u64, mpsc::SyncSender<Reply>>>,
+    next: AtomicU64,
+    lost: AtomicBool,
+    why_lost: Mutex<Option<String>>,
+    on_lost: Box<dyn Fn() + Send + Sync>,
+    handler: Handler,
+    /// Requests from the other end, for the answering pool.
+    answer: OnceLock<mpsc::SyncSender<(u64, Request)>>,
+    answers: Answers,
+    /// The reader thread, joined by [`Peer::wait`].
+    reader: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Peer {
+    /// Starts the reader on `input` (after the handshake).
+    pub fn start(
+        input: impl Read + Send + 'static,
+        output: impl Write + Send + 'static,
+        on_lost: impl Fn() + Send + Sync + 'static,
+        handler: Handler,
+    ) -> io::Result<Arc<Peer>> {
+        let peer = Arc::new(Peer {
+            out: Mutex::new(Box::new(output)),
+            waiting: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+            lost: AtomicBool::new(false),
+            why_lost: Mutex::new(None),
+            on_lost: Box::new(on_lost),
+            handler,
+            answer: OnceLock::new(),
+            answers: Answers {
+                held: Mutex::new(HashMap::new()),
+                next: AtomicU64::new(1),
+            },
+            reader: Mutex::new(None),
+        });
+        let reader = peer.clone();
+        let handle = std::thread::Builder::new()
+            .name("peer-reader".into())
+            .spawn(move || reader.read(input))?;
+        *peer.reader.lock().expect("reader") = Some(handle);
+        Ok(peer)
+    }
+
+    fn read(self: Arc<Self>, mut input: impl Read) {
+        let mut frame = Vec::new();
+        let why = loop {
+            match wire::recv::<Msg>(&mut input, &mut frame) {
+                Ok(Some((id, Msg::Rep(reply)))) => {
+                    let to = self.waiting.lock().expect("waiting").remove(&id);
+                    if let Some(to) = to {
+                        let _ = to.send(reply);
+                    }
+                }
+                Ok(Some((id, Msg::Req(req)))) => {
+                    if self.answer_pool().send((id, req)).is_err() {
+                        break "the answering threads stopped".to_string();
+                    }
+                }
+                Ok(Some((_, msg))) => (self.handler)(&self, msg),
+                Ok(None) => break "the other end closed the connection".to_string(),
+                Err(e) => break format!("reading from the other end: {e}"),
+            }
+        };
+        self.lose(why);
+    }
+
+    /// The queue of the answering pool, started on first use.
+    fn answer_pool(self: &Arc<Self>) -> &mpsc::SyncSender<(u64, Request)> {
+        self.answer.get_or_init(|| {
+            let (tx, rx) = mpsc::sync_channel::<(u64, Request)>(THREADS * 4);
+            let rx = Arc::new(Mutex::new(rx));
+            for _ in 0..THREADS {
+                let (peer, rx) = (Arc::downgrade(self), rx.clone());
+                std::thread::spawn(move || {
+                    let mut list = DirStream::default();
+                    let mut buf = AlignedBuf::new(1 << 20);
+                    loop {
+                        let next = rx.lock().expect("request queue").recv();
+                        let (Ok((id, req)), Some(peer)) = (next, peer.upgrade()) else {
+                            return;
+                        };
+                        let reply = peer.answers.answer(req, &mut list, buf.as_mut_slice());
+                        if let Some(reply) = reply {
+                            peer.send(id, &Msg::Rep(reply));
+                        }
+                    }
+                });
+            }
+            tx
+        })
+    }
+
+    fn lose(&self, why: String) {
+        if self.lost.swap(true, Relaxed) {
+            return;
+        }
+        self.why_lost.lock().expect("why").get_or_insert(why);
+        // Every caller still waiting wakes up with an error.
+        self.waiting.lock().expect("waiting").clear();
+        (self.on_lost)();
+    }
+
+    /// Why the connection ended mid-job, if it did.
+    pub fn lost(&self) -> Option<String> {
+        if !self.lost.load(Relaxed) {
+            return None;
+        }
+        self.why_lost.lock().expect("why").clone()
+    }
+
+    /// Ends the conversation: the other end reads the end of its input;
+    /// nothing is reported as lost from here on.
+    pub fn hang_up(&self) {
+        self.lost.store(true, Relaxed);
+        *self.out.lock().expect("output") = Box::new(io::sink());
+    }
+
+    /// Waits until the other end hangs up.
+    pub fn wait(&self) {
+        let reader = self.reader.lock().expect("reader").take();
+        if let Some(r) = reader {
+            let _ = r.join();
+        }
+    }
+
+    /// Sends one message (a failure to write ends the connection).
+    pub fn send(&self, id: u64, msg: &Msg) {
+        let sent = wire::send(&mut *self.out.lock().expect("output"), id, msg);
+        if let Err(e) = sent {
+            self.lose(format!("writing to the other end: {e}"));
+        }
+    }
+
+    /// Sends `req` and waits for its reply.
+    pub fn call(&self, req: Request) -> Result<Reply, Errno> {
+        if self.lost.load(Relaxed) {
+            return Err(Errno::CONNRESET);
+        }
+        let id = self.next.fetch_add(1, Relaxed);
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.waiting.lock().expect("waiting").insert(id, tx);
+        self.send(id, &Msg::Req(req));
+        match rx.recv() {
+            Ok(Reply::Err(raw)) => Err(Errno::from_raw_os_error(raw)),
+            Ok(reply) => Ok(reply),
+            Err(_) => Err(Errno::CONNRESET),
+        }
+    }
+}
+
+impl sluice_engine::source::Release for Peer {
+    fn release(&self, id: u64) {
+        if !self.lost.load(Relaxed) {
+            self.send(0, &Msg::Req(Request::Close { handle: id }));
+        }
+    }
+}
+
+/// What a handle stands for.
+enum Held {
+    Dir(SrcDir),
+    File(SrcFile),
+}
+
+/// The handles this end gave out, and the answering itself.
+struct Answers {
+    held: Mutex<HashMap<u64, Arc<Held>>>,
+    next: AtomicU64,
+}
+
+impl Answers {
+    fn keep(&self, h: Held) -> u64 {
+        let id = self.next.fetch_add(1, Relaxed);
+        self.held.lock().expect("handles").insert(id, Arc::new(h));
+        id
+    }
+
+    fn get(&self, id: u64) -> Result<Arc<Held>, Errno> {
+        self.held
+            .lock()
+            .expect("handles")
+            .get(&id)
+            .cloned()
+            .ok_or(Errno::BADF)
+    }
+
+    /// Runs `f` on the directory `id` stands for.
+    fn on_dir<T>(&self, id: u64, f: impl FnOnce(&SrcDir) -> Result<T, Errno>) -> Result<T, Errno> {
+        match &*self.get(id)? {
+            Held::Dir(d) => f(d),
+            Held::File(_) => Err(Errno::NOTDIR),
+        }
+    }
+
+    /// Runs `f` on the file `id` stands for.
+    fn on_file<T>(
+        &self,
+        id: u64,
+        f: impl FnOnce(&SrcFile) -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        match &*self.get(id)? {
+            Held::File(file) => f(file),
+            Held::Dir(_) => Err(Errno::ISDIR),
+        }
+    }
+
+    /// Answers one request (`None` for those that get no reply).
+    fn answer(&self, req: Request, list: &mut DirStream, buf: &mut [u8]) -> Option<Reply> {
+        let res = match req {
+            Request::Close { handle } => {
+                self.held.lock().expect("handles").remove(&handle);
+                return None;
+            }
+            Request::OpenRoot { path } => return Some(self.open_root(&path)),
+            other => self.call(other, list, buf),
+        };
+        Some(res.unwrap_or_else(|e| Reply::Err(e.raw_os_error())))
+    }
+
+    fn open_root(&self, path: &[u8]) -> Reply {
+        let path = Path::new(std::ffi::OsStr::from_bytes(path));
+        match LocalSource.open_root(path) {
+            Ok(SrcRoot::Dir(d)) => Reply::Root(Root::Dir(self.keep(Held::Dir(d)))),
+            Ok(SrcRoot::File {
+                dir,
+                name,
+                st,
+                real,
+            }) => Reply::Root(Root::File {
+                dir: self.keep(Held::Dir(dir)),
+                name: name.into_bytes(),
+                st,
+                real: real.into_os_string().into_vec(),
+            }),
+            Err(e) => Reply::RootErr(e.raw_os_error().unwrap_or(0), e.to_string()),
+        }
+    }
+
+    fn call(&self, req: Request, list: &mut DirStream, buf: &mut [u8]) -> Result<Reply, Errno> {
+        let src = LocalSource;
+        let name = |n: Vec<u8>| std::ffi::CString::new(n).map_err(|_| Errno::INVAL);
+        Ok(match req {
+            Request::OpenDir { dir, name: n } => {
+                let d = self.on_dir(dir, |d| src.open_dir(d, &name(n)?))?;
+                Reply::Handle(self.keep(Held::Dir(d)))
+            }
+            Request::StatDir { dir } => Reply::Stat(self.on_dir(dir, |d| src.stat_dir(d))?),
+            Request::Kind { dir } => Reply::Kind(match self.on_dir(dir, |d| Ok(src.kind(d)))? {
+                FsKind::Plain => 0,
+                FsKind::NoBlocks => 1,
+                FsKind::Synthetic => 2,
+            }),
+            Request::List { dir } => Reply::Entries(self.on_dir(dir, |d| {
+                let mut entries = Vec::new();
+                src.list(d, list, &mut |n: &CStr, is_dir, st| {
+                    let st = st.map_err(|e| e.raw_os_error());
+                    entries.push((n.to_bytes().to_vec(), is_dir, st));
+                    true
+                })?;
+                Ok(entries)
+            })?),
+            Request::Stat { dir, name: n } => {
+                Reply::Stat(self.on_dir(dir, |d| src.stat(d, &name(n)?))?)
+            }
+            Request::ReadLink { dir, name: n } => {
+                let link = self.on_dir(dir, |d| src.read_link(d, &name(n)?, Vec::new()))?;
+                Reply::Link(link.into_bytes())
+            }
+            Request::Open { dir, name: n } => {
+                let f = self.on_dir(dir, |d| src.open(d, &name(n)?))?;
+                Reply::Handle(self.keep(Held::File(f)))
+            }
+            Request::StatFile { file } => Reply::Stat(self.on_file(file, |f| src.stat_file(f))?),
+            Request::Read { file, off, len } => Reply::Data(self.on_file(file, |f| {
+                let mut data = vec![0u8; len.min(wire::MAX_READ) as usize];
+                let n = src.read_at(f, &mut data, off)?;
+                data.truncate(n);
+                Ok(data)
+            })?),
+            Request::Hash {
+                file,
+                off,
+                len,
+                blake3,
+            } => {
+                let kind = if blake3 {
+                    HashKind::Blake3
+                } else {
+                    HashKind::Xxh3
+                };
+                let (d, n) = self.on_file(file, |f| src.hash(f, off, len, buf, kind))?;
+                Reply::Digest(d.0, n)
+            }
+            Request::Xattrs { handle, acls } => {
+                let h = self.get(handle)?;
+                let of = match &*h {
+                    Held::Dir(d) => Open::Dir(d),
+                    Held::File(f) => Open::File(f),
+                };
+                let set = if acls {
+                    XattrSet::All
+                } else {
+                    XattrSet::NoAcls
+                };
+                let attrs = src.xattrs(of, set)?;
+                Reply::Xattrs(
+                    attrs
+                        .into_iter()
+                        .map(|(n, v)| (n.into_bytes(), v))
+                        .collect(),
+                )
+            }
+            Request::OpenRoot { .. } | Request::Close { .. } => unreachable!("answered above"),
+        })
+    }
+}
