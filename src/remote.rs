@@ -155,7 +155,7 @@ pub fn push(args: &JobArgs, login: &str, path: &std::path::Path) -> u8 {
     // The same command line, with DST as the path over there: the far end
     // parses it as this one did.
     let mut argv: Vec<Vec<u8>> = std::env::args_os()
-        .map(|a| std::os::unix::ffi::OsStringExt::into_vec(a))
+        .map(std::os::unix::ffi::OsStringExt::into_vec)
         .collect();
     let dst = args.dst.as_os_str().as_encoded_bytes();
     if let Some(last) = argv.iter_mut().rev().find(|a| a.as_slice() == dst) {

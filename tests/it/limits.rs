@@ -49,12 +49,14 @@ fn mem_limit_caps_what_the_process_holds() {
         assert_same_tree(&src, &t.path().join(dst));
         summary(&out)["max_rss_bytes"].as_u64().unwrap()
     };
-    let capped = rss(&["--mem-limit", "16M"], "capped");
+    // 24M: the test binary is a debug build, whose own resident code is a
+    // few MiB more than a release build's, and the budget counts it.
+    let capped = rss(&["--mem-limit", "24M"], "capped");
     let free = rss(&[], "free");
     eprintln!("resident: {capped} bytes capped, {free} bytes free");
     assert!(
-        capped <= 16 << 20,
-        "{capped} bytes resident under --mem-limit 16M"
+        capped <= 24 << 20,
+        "{capped} bytes resident under --mem-limit 24M"
     );
     assert!(capped < free, "the cap changed nothing: {capped} vs {free}");
     // Too small to run at all is a usage error, before anything is written.

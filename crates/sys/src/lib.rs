@@ -803,6 +803,13 @@ pub fn fd<F: AsFd>(f: &F) -> BorrowedFd<'_> {
     f.as_fd()
 }
 
+/// Points this process's standard output (descriptor 1) at `fd`: what
+/// `sluice serve` does while a job runs there, so what the job prints
+/// goes to its client rather than into the protocol's stream.
+pub fn redirect_stdout(fd: BorrowedFd<'_>) -> Result<()> {
+    rustix::stdio::dup2_stdout(fd)
+}
+
 #[cfg(test)]
 mod tests {
     use super::{is_own_temp, is_temp_name, temp_tag};
@@ -858,11 +865,4 @@ mod tests {
         let forged = format!(".sluice-1a-8-{tag:x}.tmp");
         assert!(!is_own_temp(forged.as_bytes(), dir), "tag of another name");
     }
-}
-
-/// Points this process's standard output (descriptor 1) at `fd`: what
-/// `sluice serve` does while a job runs there, so what the job prints
-/// goes to its client rather than into the protocol's stream.
-pub fn redirect_stdout(fd: BorrowedFd<'_>) -> Result<()> {
-    rustix::stdio::dup2_stdout(fd)
 }
