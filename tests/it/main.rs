@@ -9,6 +9,7 @@ mod faults;
 mod fs;
 mod image;
 mod limits;
+mod network;
 mod probe;
 mod remote;
 mod resume;

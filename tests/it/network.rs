@@ -1,0 +1,325 @@
+//! Over a real network and a real sshd: two network namespaces joined by
+//! a veth pair, an OpenSSH server with throwaway keys in one, sluice run
+//! in the other through the system `ssh` (as root; nothing leaves the
+//! namespaces this makes). The binary is reached at the same path on
+//! both "hosts", since namespaces share the file system.
+
+use crate::common::*;
+use std::fs;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Two namespaces, a veth pair between them, and sshd in the server's.
+struct SshRig {
+    client_ns: String,
+    server_ns: String,
+    client_if: String,
+    server_addr: String,
+    sshd: Child,
+    dir: tempfile::TempDir,
+}
+
+impl SshRig {
+    /// `None` when not root or sshd is not installed (`.ci/run` installs
+    /// it and runs the tests as root).
+    fn new() -> Option<SshRig> {
+        if !is_root() || !Path::new("/usr/sbin/sshd").exists() || !have("ip") {
+            eprintln!("not root, or no sshd or ip: the network tests need both");
+            return None;
+        }
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Relaxed);
+        let tag = format!("{}{}", std::process::id() % 10000, n);
+        let (client_ns, server_ns) = (format!("slc{tag}"), format!("sls{tag}"));
+        let (client_if, server_if) = (format!("slc{tag}"), format!("sls{tag}"));
+        let net = 100 + (std::process::id() % 100) as u8 + n as u8;
+        let (client_addr, server_addr) = (format!("10.{net}.0.1"), format!("10.{net}.0.2"));
+        let sh = |cmd: &str| {
+            let ok = Command::new("sh")
+                .arg("-c")
+                .arg(cmd)
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "rig: {cmd}");
+        };
+        sh(&format!(
+            "ip netns add {client_ns} && ip netns add {server_ns}"
+        ));
+        sh(&format!(
+            "ip link add {client_if} type veth peer name {server_if} && \
+             ip link set {client_if} netns {client_ns} && ip link set {server_if} netns {server_ns}"
+        ));
+        for (ns, ifc, addr) in [
+            (&client_ns, &client_if, &client_addr),
+            (&server_ns, &server_if, &server_addr),
+        ] {
+            sh(&format!(
+                "ip -n {ns} addr add {addr}/24 dev {ifc} && ip -n {ns} link set {ifc} up && \
+                 ip -n {ns} link set lo up"
+            ));
+        }
+        let dir = disk_dir("ssh-rig");
+        let d = dir.path().to_path_buf();
+        let d = d.as_path();
+        sh(&format!(
+            "ssh-keygen -q -t ed25519 -N '' -f {0}/host && ssh-keygen -q -t ed25519 -N '' -f {0}/id \
+             && cp {0}/id.pub {0}/authorized_keys && mkdir -p /run/sshd",
+            d.display()
+        ));
+        fs::write(
+            d.join("sshd_config"),
+            format!(
+                "ListenAddress {server_addr}\nHostKey {0}/host\nAuthorizedKeysFile {0}/authorized_keys\n\
+                 PermitRootLogin prohibit-password\nPasswordAuthentication no\nUsePAM no\n\
+                 StrictModes no\nPidFile {0}/sshd.pid\nClientAliveInterval 1\nClientAliveCountMax 3\n",
+                d.display()
+            ),
+        )
+        .unwrap();
+        let sshd = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &server_ns,
+                "/usr/sbin/sshd",
+                "-D",
+                "-e",
+                "-f",
+            ])
+            .arg(d.join("sshd_config"))
+            .stderr(fs::File::create(d.join("sshd.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let rig = SshRig {
+            client_ns,
+            server_ns,
+            client_if,
+            server_addr,
+            sshd,
+            dir,
+        };
+        // Ready once a login works.
+        let up = (0..50).any(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            rig.client(&rig.ssh_words())
+                .arg(&rig.server_addr)
+                .arg("true")
+                .status()
+                .unwrap()
+                .success()
+        });
+        assert!(
+            up,
+            "sshd did not come up: {}",
+            fs::read_to_string(d.join("sshd.log")).unwrap_or_default()
+        );
+        Some(rig)
+    }
+
+    /// The ssh command, with throwaway keys, and keepalives so a cut link
+    /// is noticed within seconds.
+    fn ssh_words(&self) -> Vec<String> {
+        let d = self.dir.path().display();
+        format!(
+            "ssh -i {d}/id -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null \
+             -o BatchMode=yes -o LogLevel=ERROR -o ServerAliveInterval=1 -o ServerAliveCountMax=3"
+        )
+        .split(' ')
+        .map(str::to_string)
+        .collect()
+    }
+
+    /// A command run in the client's namespace.
+    fn client(&self, words: &[String]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.client_ns]).args(words);
+        c
+    }
+
+    /// `sluice ARGS` in the client's namespace, reaching the server with
+    /// the rig's ssh; `remote(path)` names a path on the server.
+    fn sluice(&self, args: &[&str]) -> Command {
+        let mut c = self.client(&[env!("CARGO_BIN_EXE_sluice").to_string()]);
+        c.env(
+            "XDG_STATE_HOME",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-saved-probes"),
+        )
+        .args(args)
+        .arg("-e")
+        .arg(self.ssh_words().join(" "))
+        .args([
+            "--remote-path",
+            env!("CARGO_BIN_EXE_sluice"),
+            "--no-progress",
+        ]);
+        c
+    }
+
+    fn remote(&self, path: &Path) -> String {
+        format!("root@{}:{}", self.server_addr, path.display())
+    }
+
+    fn link(&self, up: bool) {
+        let state = if up { "up" } else { "down" };
+        assert!(run(
+            "ip",
+            &["-n", &self.client_ns, "link", "set", &self.client_if, state]
+        ));
+    }
+}
+
+impl Drop for SshRig {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "pids", &self.server_ns])
+            .output()
+            .map(|o| {
+                for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                    let _ = Command::new("kill").args(["-9", pid]).status();
+                }
+            });
+        let _ = self.sshd.kill();
+        let _ = self.sshd.wait();
+        for ns in [&self.client_ns, &self.server_ns] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+fn out(c: &mut Command) -> Output {
+    c.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
+
+fn tree(src: &Path) {
+    for i in 0..200 {
+        write(
+            &src.join(format!("d{}/f{i}", i % 7)),
+            &bytes(1500 + i, i as u64),
+        );
+    }
+    write(&src.join("big.bin"), &bytes(24 << 20, 1));
+    std::os::unix::fs::symlink("d0/f0", src.join("link")).unwrap();
+}
+
+#[test]
+fn copy_sync_and_verify_over_ssh_both_ways() {
+    let Some(rig) = SshRig::new() else { return };
+    let t = disk_dir("net-both");
+    let (src, pulled, pushed) = (
+        t.path().join("src"),
+        t.path().join("pulled"),
+        t.path().join("pushed"),
+    );
+    tree(&src);
+    let args = ["--chunk-size", "4M", "--json"];
+    // From the server's tree to here.
+    let o = out(rig
+        .sluice(&["copy", &rig.remote(&src), pulled.to_str().unwrap()])
+        .args(args));
+    ok(&o);
+    assert_same_tree(&src, &pulled);
+    // From here to the server.
+    let o = out(rig
+        .sluice(&["copy", src.to_str().unwrap(), &rig.remote(&pushed)])
+        .args(args));
+    ok(&o);
+    assert_same_tree(&src, &pushed);
+    assert_no_temporaries(&pushed);
+    // Reruns move nothing; verify finds them identical.
+    let o = out(rig
+        .sluice(&["copy", src.to_str().unwrap(), &rig.remote(&pushed)])
+        .args(args));
+    ok(&o);
+    assert_eq!(summary(&o)["bytes_copied"], 0);
+    ok(&out(&mut rig.sluice(&[
+        "verify",
+        &rig.remote(&src),
+        pulled.to_str().unwrap(),
+        "-q",
+    ])));
+    // sync --delete over the wire removes an extra on the far side.
+    write(&pushed.join("d1/extra"), b"x");
+    ok(&out(&mut rig.sluice(&[
+        "sync",
+        "--delete",
+        "-q",
+        src.to_str().unwrap(),
+        &rig.remote(&pushed),
+    ])));
+    assert_same_tree(&src, &pushed);
+}
+
+#[test]
+fn a_link_taken_down_mid_copy_stops_with_exit_2_and_the_rerun_resumes() {
+    let Some(rig) = SshRig::new() else { return };
+    let t = disk_dir("net-cut");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    let size = 64u64 << 20;
+    write(&src.join("big.bin"), &bytes(size as usize, 2));
+    let args = ["--chunk-size", "1M", "-j", "2", "--json"];
+    let child = rig
+        .sluice(&[
+            "copy",
+            &rig.remote(&src),
+            dst.to_str().unwrap(),
+            "--bwlimit",
+            "16MB/s",
+        ])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    rig.link(false);
+    let cut = child.wait_with_output().unwrap();
+    rig.link(true);
+    assert_eq!(code(&cut), 2, "{}", stderr(&cut));
+    assert!(stderr(&cut).contains("lost"), "{}", stderr(&cut));
+    let before = summary(&cut)["bytes_copied"].as_u64().unwrap();
+    assert!(before > 0 && before < size, "{before}");
+    assert_no_partial_files(&src, &dst);
+    let o = out(rig
+        .sluice(&["copy", &rig.remote(&src), dst.to_str().unwrap()])
+        .args(args));
+    ok(&o);
+    let after = summary(&o)["bytes_copied"].as_u64().unwrap();
+    assert!(
+        before + after <= size + (2 << 20),
+        "{before} + {after} for {size}"
+    );
+    assert_same_tree(&src, &dst);
+    assert_no_temporaries(&dst);
+}
+
+#[test]
+fn paths_that_would_leave_the_far_dst_are_refused() {
+    let Some(rig) = SshRig::new() else { return };
+    let t = disk_dir("net-escape");
+    let (src, dst, outside) = (
+        t.path().join("src"),
+        t.path().join("dst"),
+        t.path().join("outside"),
+    );
+    write(&src.join("sub/f"), b"data");
+    fs::create_dir_all(&outside).unwrap();
+    fs::create_dir_all(&dst).unwrap();
+    // An absolute symlink planted in the far DST where SRC has a directory.
+    std::os::unix::fs::symlink(&outside, dst.join("sub")).unwrap();
+    let o = out(&mut rig.sluice(&["copy", "-q", src.to_str().unwrap(), &rig.remote(&dst)]));
+    ok(&o);
+    assert!(
+        fs::read_dir(&outside).unwrap().next().is_none(),
+        "wrote through the symlink"
+    );
+    assert_eq!(fs::read(dst.join("sub/f")).unwrap(), b"data");
+    // A name from the wire is one component or nothing: the far end
+    // resolves every DST name with the sys layer, which refuses `/` and
+    // `..` (its unit tests), so a peer cannot name its way out either.
+}
