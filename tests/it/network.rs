@@ -276,7 +276,20 @@ fn a_link_taken_down_mid_copy_stops_with_exit_2_and_the_rerun_resumes() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    // Cut once the copy is surely under way: 8 MiB written here (a slow
+    // machine may take a while to set up ssh).
+    let written = |pid: u32| {
+        let io = fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+        io.lines()
+            .find_map(|l| l.strip_prefix("wchar: "))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let started = (0..400).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        written(child.id()) >= 8 << 20
+    });
+    assert!(started, "the copy never got going");
     rig.link(false);
     let cut = child.wait_with_output().unwrap();
     rig.link(true);

@@ -27,6 +27,20 @@ fn fake_ssh(dir: &Path) -> PathBuf {
     path
 }
 
+/// Waits until a copy into `dst` is surely under way: its journal exists
+/// (a big file has begun) and a few chunks have had time to land. A busy
+/// machine may take a while to start the far end.
+fn under_way(dst: &Path) {
+    // The stand-in writes far.pid beside DST as it starts the far end.
+    let far = dst.with_file_name("far.pid");
+    let begun = (0..400).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        dst.join(".sluice-journal.redb").exists() && far.exists()
+    });
+    assert!(begun, "the copy never began");
+    std::thread::sleep(Duration::from_millis(500));
+}
+
 /// `sluice COMMAND host:SRC DST ARGS` through the stand-in.
 fn remote(command: &str, rsh: &Path, src: &Path, dst: &Path, args: &[&str]) -> Command {
     let mut c = sluice();
@@ -143,7 +157,7 @@ fn killing_the_far_end_stops_with_exit_2_and_the_rerun_resumes() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(1200));
+    under_way(&dst);
     let pid = fs::read_to_string(t.path().join("far.pid")).unwrap();
     let pid = pid.trim();
     // The far end is the shell itself (it exec'd) or its child.
@@ -315,6 +329,7 @@ fn a_push_stops_cleanly_when_interrupted_or_cut_and_resumes() {
     write(&src.join("big.bin"), &bytes(size as usize, 6));
     let args = ["--chunk-size", "1M", "-j", "2", "--json"];
     let slow = |extra: &[&str]| {
+        let _ = fs::remove_file(t.path().join("far.pid"));
         push("copy", &rsh, &src, &dst, &args)
             .args(["--bwlimit", "16MB/s"])
             .args(extra)
@@ -325,7 +340,7 @@ fn a_push_stops_cleanly_when_interrupted_or_cut_and_resumes() {
     };
     // SIGINT on this side stops the job over there: exit 130, state kept.
     let child = slow(&[]);
-    std::thread::sleep(Duration::from_millis(1000));
+    under_way(&dst);
     assert!(run("kill", &["-INT", &child.id().to_string()]));
     let first = child.wait_with_output().unwrap();
     assert_eq!(code(&first), 130, "{}", stderr(&first));
@@ -334,7 +349,7 @@ fn a_push_stops_cleanly_when_interrupted_or_cut_and_resumes() {
     assert_only_resume_state(&dst);
     // The far end killed: exit 2 here, nothing torn there.
     let child = slow(&[]);
-    std::thread::sleep(Duration::from_millis(800));
+    under_way(&dst);
     let pid = fs::read_to_string(t.path().join("far.pid")).unwrap();
     let pid = pid.trim();
     assert!(run("pkill", &["-9", "-P", pid]) | run("kill", &["-9", pid]));
@@ -345,7 +360,7 @@ fn a_push_stops_cleanly_when_interrupted_or_cut_and_resumes() {
     // This side killed: the far end stops by itself (its input ended),
     // keeping its state, and leaves nothing torn.
     let mut child = slow(&[]);
-    std::thread::sleep(Duration::from_millis(800));
+    under_way(&dst);
     let pid = fs::read_to_string(t.path().join("far.pid")).unwrap();
     child.kill().unwrap();
     child.wait().unwrap();

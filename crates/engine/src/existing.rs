@@ -371,9 +371,8 @@ impl Worker {
             if !wants_extras {
                 return true;
             }
-            match sh.source.stat(src, name) {
-                Err(Errno::NOENT) => {}
-                _ => return true, // in SRC, or unknown: never delete on doubt
+            if sh.source.has(src, name) != Ok(false) {
+                return true; // in SRC, or unknown: never delete on doubt
             }
             let is_dir = crate::target::is_dir_at(dst, name);
             let filter = &sh.opts.filter;

@@ -51,6 +51,13 @@ impl Hasher {
     }
 }
 
+/// The digest of bytes already in memory.
+pub fn digest(data: &[u8], kind: HashKind) -> Digest {
+    let mut h = Hasher::new(kind);
+    h.update(data);
+    h.finish()
+}
+
 /// Hashes `[off, off + len)` of `fd` (to the end of the file when `len` is
 /// `u64::MAX`) through `buf`, which is aligned for `O_DIRECT` descriptors.
 /// Returns the digest and the bytes read.

@@ -175,8 +175,26 @@ pub trait Source: Send + Sync {
     /// is a directory, and its `statx` (not following a symlink), until it
     /// returns false. The stats come with the listing, so a source across
     /// a wire answers a directory in one exchange, never one per entry.
-    /// Memory does not grow with the directory: `buf` is reused.
-    fn list(&self, dir: &SrcDir, buf: &mut DirStream, each: Each<'_>) -> Result<(), Errno>;
+    /// With `prefetch` the caller will read most of what it lists (DST has
+    /// none of it), and a source across a wire may send small files'
+    /// contents along. Memory does not grow with the directory: `buf` is
+    /// reused.
+    fn list(
+        &self,
+        dir: &SrcDir,
+        buf: &mut DirStream,
+        prefetch: bool,
+        each: Each<'_>,
+    ) -> Result<(), Errno>;
+    /// Whether `dir` has an entry `name` (what `--delete` asks of every
+    /// entry DST has; a source across a wire answers from one listing).
+    fn has(&self, dir: &SrcDir, name: &CStr) -> Result<bool, Errno> {
+        match self.stat(dir, name) {
+            Ok(_) => Ok(true),
+            Err(Errno::NOENT) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
     /// `statx` of an entry, not following a symlink.
     fn stat(&self, dir: &SrcDir, name: &CStr) -> Result<Stat, Errno>;
     /// Where a symlink points (`reuse` is a buffer to fill).
@@ -250,7 +268,13 @@ impl Source for LocalSource {
         dir.fd().map_or(FsKind::Plain, sluice_sys::fs_kind)
     }
 
-    fn list(&self, dir: &SrcDir, buf: &mut DirStream, each: Each<'_>) -> Result<(), Errno> {
+    fn list(
+        &self,
+        dir: &SrcDir,
+        buf: &mut DirStream,
+        _prefetch: bool,
+        each: Each<'_>,
+    ) -> Result<(), Errno> {
         let fd = local(dir.fd())?;
         buf.for_each(fd, |e| {
             each(e.name, e.is_dir, sluice_walk::stat_entry(fd, e.name))

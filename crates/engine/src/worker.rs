@@ -424,9 +424,11 @@ impl Worker {
         let stats = &shared.stats;
         let filter = &opts.filter;
         let is_root = node.parent.is_none();
+        // A directory DST did not have: all of it will be read.
+        let prefetch = !node.existed && shared.writes();
         let res = shared
             .source
-            .list(&node.src, &mut stream, &mut |name, is_dir, st| {
+            .list(&node.src, &mut stream, prefetch, &mut |name, is_dir, st| {
                 if shared.stopped() {
                     return false;
                 }

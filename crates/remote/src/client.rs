@@ -7,16 +7,18 @@
 //! `ECONNRESET` and the job is stopped; the command says why and exits 2.
 
 use crate::peer::{handshake, ConnectError, Handler, Peer};
-use crate::wire::{self, Reply, Request, Root};
+use crate::wire::{self, Inline, Reply, Request, Root};
 use sluice_engine::hash::{Digest, HashKind};
-use sluice_engine::source::{Each, Far, Open, Source, SrcDir, SrcFile, SrcRoot, Xattrs};
+use sluice_engine::source::{Each, Far, Open, Release, Source, SrcDir, SrcFile, SrcRoot, Xattrs};
 use sluice_sys::{Errno, FsKind, Stat, XattrSet};
 use sluice_walk::DirStream;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString, OsStr};
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 
 /// Connects over `input`/`output` (the pipes of the remote shell that
 /// started `sluice serve`): trades handshakes and starts the reader.
@@ -39,20 +41,88 @@ pub struct RemoteSource {
     /// `[user@]host`, for messages (`None`: the other end is the client,
     /// whose paths are written as given).
     login: Option<String>,
+    kept: Arc<Kept>,
+}
+
+/// Handle numbers of files kept here (sent with a listing), apart from
+/// the far end's numbers.
+const KEPT: u64 = 1 << 63;
+
+/// A small file sent with its directory's listing.
+struct KeptFile {
+    st: Stat,
+    data: Vec<u8>,
+    xattrs: Vec<(CString, Vec<u8>)>,
+}
+
+/// What listings sent along, until the engine opens it or drops the
+/// directory: per directory handle, files and symlink targets by name,
+/// and the names alone for [`Source::has`]; the kept files open now.
+#[derive(Default)]
+struct Along {
+    files: HashMap<u64, HashMap<Vec<u8>, KeptFile>>,
+    links: HashMap<u64, HashMap<Vec<u8>, Vec<u8>>>,
+    names: HashMap<u64, Arc<HashSet<Vec<u8>>>>,
+    open: HashMap<u64, Arc<KeptFile>>,
+}
+
+/// Owns what listings sent along and releases handles: a dropped
+/// directory takes its leftovers with it, a far handle is closed there.
+struct Kept {
+    conn: Arc<Peer>,
+    along: Mutex<Along>,
+    next: AtomicU64,
+}
+
+impl Release for Kept {
+    fn release(&self, id: u64) {
+        let mut along = self.along.lock().expect("kept");
+        if id & KEPT != 0 {
+            along.open.remove(&id);
+            return;
+        }
+        along.files.remove(&id);
+        along.links.remove(&id);
+        along.names.remove(&id);
+        drop(along);
+        self.conn.release(id);
+    }
 }
 
 impl RemoteSource {
     pub fn new(conn: Arc<Peer>, login: Option<String>) -> RemoteSource {
-        RemoteSource { conn, login }
+        let kept = Arc::new(Kept {
+            conn: conn.clone(),
+            along: Mutex::default(),
+            next: AtomicU64::new(KEPT),
+        });
+        RemoteSource { conn, login, kept }
     }
 
     fn far(&self, id: u64) -> Far {
         Far {
             id,
-            owner: self.conn.clone(),
+            owner: self.kept.clone(),
+        }
+    }
+
+    /// A kept file, if `file` is one.
+    fn kept(&self, file: &SrcFile) -> Option<Arc<KeptFile>> {
+        let id = file.far_id().filter(|id| id & KEPT != 0)?;
+        self.kept.along.lock().expect("kept").open.get(&id).cloned()
+    }
+
+    fn entries(&self, dir: u64, inline: u32) -> Result<Vec<wire::Entry>, Errno> {
+        match self.conn.call(Request::List { dir, inline })? {
+            Reply::Entries(e) => Ok(e),
+            r => unexpected(r),
         }
     }
 }
+
+/// Small files (and every symlink's target) travel with the listing of a
+/// directory DST does not have.
+const INLINE_MOST: u32 = 64 << 10;
 
 /// A reply of a shape the request does not call for: the far end is not
 /// speaking this protocol correctly.
@@ -135,20 +205,87 @@ impl Source for RemoteSource {
         }
     }
 
-    fn list(&self, dir: &SrcDir, _buf: &mut DirStream, each: Each<'_>) -> Result<(), Errno> {
-        let entries = match self.conn.call(Request::List { dir: dir_id(dir)? })? {
-            Reply::Entries(e) => e,
-            r => return unexpected(r),
-        };
-        for (name, is_dir, st) in entries {
+    fn list(
+        &self,
+        dir: &SrcDir,
+        _buf: &mut DirStream,
+        prefetch: bool,
+        each: Each<'_>,
+    ) -> Result<(), Errno> {
+        let id = dir_id(dir)?;
+        let entries = self.entries(id, if prefetch { INLINE_MOST } else { 0 })?;
+        let mut listed = Vec::with_capacity(entries.len());
+        {
+            let mut along = self.kept.along.lock().expect("kept");
+            for (name, is_dir, st, sent) in entries {
+                // A name is one component: anything else is a far end
+                // trying to lead the walk in a circle or out of DST.
+                if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+                    return Err(Errno::PROTO);
+                }
+                let st = st.map_err(Errno::from_raw_os_error);
+                match (sent, &st) {
+                    (Some(Inline::File { data, xattrs }), Ok(st)) => {
+                        let xattrs = xattrs
+                            .into_iter()
+                            .filter_map(|(n, v)| Some((CString::new(n).ok()?, v)))
+                            .collect();
+                        let file = KeptFile {
+                            st: *st,
+                            data,
+                            xattrs,
+                        };
+                        along
+                            .files
+                            .entry(id)
+                            .or_default()
+                            .insert(name.clone(), file);
+                    }
+                    (Some(Inline::Link(target)), _) => {
+                        along
+                            .links
+                            .entry(id)
+                            .or_default()
+                            .insert(name.clone(), target);
+                    }
+                    _ => {}
+                }
+                listed.push((name, is_dir, st));
+            }
+        }
+        for (name, is_dir, st) in listed {
             let Ok(name) = CString::new(name) else {
                 return Err(Errno::PROTO);
             };
-            if !each(&name, is_dir, st.map_err(Errno::from_raw_os_error)) {
+            if !each(&name, is_dir, st) {
                 break;
             }
         }
         Ok(())
+    }
+
+    fn has(&self, dir: &SrcDir, name: &CStr) -> Result<bool, Errno> {
+        let id = dir_id(dir)?;
+        let known = self
+            .kept
+            .along
+            .lock()
+            .expect("kept")
+            .names
+            .get(&id)
+            .cloned();
+        let names = match known {
+            Some(n) => n,
+            None => {
+                let names: HashSet<Vec<u8>> =
+                    self.entries(id, 0)?.into_iter().map(|e| e.0).collect();
+                let names = Arc::new(names);
+                let mut along = self.kept.along.lock().expect("kept");
+                along.names.insert(id, names.clone());
+                names
+            }
+        };
+        Ok(names.contains(name.to_bytes()))
     }
 
     fn stat(&self, dir: &SrcDir, name: &CStr) -> Result<Stat, Errno> {
@@ -163,6 +300,12 @@ impl Source for RemoteSource {
     }
 
     fn read_link(&self, dir: &SrcDir, name: &CStr, _reuse: Vec<u8>) -> Result<CString, Errno> {
+        let id = dir_id(dir)?;
+        let sent = (self.kept.along.lock().expect("kept").links.get_mut(&id))
+            .and_then(|links| links.remove(name.to_bytes()));
+        if let Some(target) = sent {
+            return CString::new(target).map_err(|_| Errno::PROTO);
+        }
         let req = Request::ReadLink {
             dir: dir_id(dir)?,
             name: name.to_bytes().to_vec(),
@@ -174,6 +317,16 @@ impl Source for RemoteSource {
     }
 
     fn open(&self, dir: &SrcDir, name: &CStr) -> Result<SrcFile, Errno> {
+        let id = dir_id(dir)?;
+        {
+            let mut along = self.kept.along.lock().expect("kept");
+            let sent = (along.files.get_mut(&id)).and_then(|files| files.remove(name.to_bytes()));
+            if let Some(file) = sent {
+                let kept = self.kept.next.fetch_add(1, Relaxed);
+                along.open.insert(kept, Arc::new(file));
+                return Ok(SrcFile::far(self.far(kept)));
+            }
+        }
         let req = Request::Open {
             dir: dir_id(dir)?,
             name: name.to_bytes().to_vec(),
@@ -185,6 +338,9 @@ impl Source for RemoteSource {
     }
 
     fn stat_file(&self, file: &SrcFile) -> Result<Stat, Errno> {
+        if let Some(k) = self.kept(file) {
+            return Ok(k.st);
+        }
         match self.conn.call(Request::StatFile {
             file: file_id(file)?,
         })? {
@@ -194,6 +350,12 @@ impl Source for RemoteSource {
     }
 
     fn read_at(&self, file: &SrcFile, buf: &mut [u8], off: u64) -> Result<usize, Errno> {
+        if let Some(k) = self.kept(file) {
+            let from = (off as usize).min(k.data.len());
+            let n = buf.len().min(k.data.len() - from);
+            buf[..n].copy_from_slice(&k.data[from..from + n]);
+            return Ok(n);
+        }
         // Full reads, as a local read_full_at gives: short only at the end.
         let id = file_id(file)?;
         let mut done = 0;
@@ -225,6 +387,14 @@ impl Source for RemoteSource {
         _buf: &mut [u8],
         kind: HashKind,
     ) -> Result<(Digest, u64), Errno> {
+        if let Some(k) = self.kept(file) {
+            let from = (off as usize).min(k.data.len());
+            let to = from
+                .saturating_add(len.min(usize::MAX as u64) as usize)
+                .min(k.data.len());
+            let piece = &k.data[from..to];
+            return Ok((sluice_engine::hash::digest(piece, kind), piece.len() as u64));
+        }
         let req = Request::Hash {
             file: file_id(file)?,
             off,
@@ -238,6 +408,14 @@ impl Source for RemoteSource {
     }
 
     fn xattrs(&self, of: Open<'_>, set: XattrSet) -> Result<Xattrs, Errno> {
+        if let Open::File(f) = of {
+            if let Some(k) = self.kept(f) {
+                let takes = |n: &CString| {
+                    set == XattrSet::All || !n.as_bytes().starts_with(b"system.posix_acl_")
+                };
+                return Ok(k.xattrs.iter().filter(|(n, _)| takes(n)).cloned().collect());
+            }
+        }
         let req = Request::Xattrs {
             handle: of.far_id().ok_or(Errno::BADF)?,
             acls: set == XattrSet::All,

@@ -274,6 +274,50 @@ impl sluice_engine::source::Release for Peer {
     }
 }
 
+/// What is sent along with a listed entry: a small regular file's bytes
+/// and attributes, read whole and only if it still has the listed size
+/// and mtime, or a symlink's target; `None` past the listing's budget.
+fn inline_entry(
+    dir: &SrcDir,
+    name: &CStr,
+    st: &sluice_sys::Stat,
+    most: u32,
+    budget: &mut usize,
+) -> Option<wire::Inline> {
+    let src = LocalSource;
+    match st.file_type() {
+        sluice_sys::FileType::Symlink => {
+            let target = src.read_link(dir, name, Vec::new()).ok()?;
+            Some(wire::Inline::Link(target.into_bytes()))
+        }
+        sluice_sys::FileType::RegularFile if st.size <= u64::from(most) => {
+            let size = st.size as usize;
+            if size > *budget {
+                return None;
+            }
+            let file = src.open(dir, name).ok()?;
+            // One byte more than listed: a file that grew is not sent.
+            let mut data = vec![0u8; size + 1];
+            let n = src.read_at(&file, &mut data, 0).ok()?;
+            let now = src.stat_file(&file).ok()?;
+            if n != size || now.size != st.size || now.mtime != st.mtime {
+                return None;
+            }
+            data.truncate(n);
+            let xattrs = src.xattrs(Open::File(&file), XattrSet::All).ok()?;
+            *budget -= size;
+            Some(wire::Inline::File {
+                data,
+                xattrs: xattrs
+                    .into_iter()
+                    .map(|(n, v)| (n.into_bytes(), v))
+                    .collect(),
+            })
+        }
+        _ => None,
+    }
+}
+
 /// What a handle stands for.
 enum Held {
     Dir(SrcDir),
@@ -368,11 +412,19 @@ impl Answers {
                 FsKind::NoBlocks => 1,
                 FsKind::Synthetic => 2,
             }),
-            Request::List { dir } => Reply::Entries(self.on_dir(dir, |d| {
+            Request::List { dir, inline } => Reply::Entries(self.on_dir(dir, |d| {
+                // A descriptor of its own: a handle listed twice (for
+                // --delete, then for the walk) starts at the top each time.
+                let d = &src.open_dir(d, c".")?;
                 let mut entries = Vec::new();
-                src.list(d, list, &mut |n: &CStr, is_dir, st| {
+                let mut budget = wire::INLINE_BUDGET;
+                src.list(d, list, false, &mut |n: &CStr, is_dir, st| {
+                    let along = match &st {
+                        Ok(st) if inline > 0 => inline_entry(d, n, st, inline, &mut budget),
+                        _ => None,
+                    };
                     let st = st.map_err(|e| e.raw_os_error());
-                    entries.push((n.to_bytes().to_vec(), is_dir, st));
+                    entries.push((n.to_bytes().to_vec(), is_dir, st, along));
                     true
                 })?;
                 Ok(entries)

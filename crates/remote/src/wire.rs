@@ -57,9 +57,12 @@ pub enum Request {
     Kind {
         dir: u64,
     },
-    /// Every entry of a directory, with its stat, in one reply.
+    /// Every entry of a directory, with its stat, in one reply; with
+    /// `inline` > 0 also the contents (and extended attributes) of regular
+    /// files up to that size and symlinks' targets, within a budget.
     List {
         dir: u64,
+        inline: u32,
     },
     Stat {
         dir: u64,
@@ -109,9 +112,26 @@ pub enum Root {
     },
 }
 
-/// One listed entry: name, whether the listing says directory, and its
-/// stat or the errno `statx` gave.
-pub type Entry = (Vec<u8>, bool, Result<Stat, i32>);
+/// One listed entry: name, whether the listing says directory, its stat
+/// or the errno `statx` gave, and what was sent along.
+pub type Entry = (Vec<u8>, bool, Result<Stat, i32>, Option<Inline>);
+
+/// An entry's content sent with its listing, so a small file costs no
+/// exchange of its own.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Inline {
+    /// A regular file's bytes (as of the stat listed) and its extended
+    /// attributes, ACLs included.
+    File {
+        data: Vec<u8>,
+        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    },
+    /// A symlink's target.
+    Link(Vec<u8>),
+}
+
+/// The most file data one listing carries inline.
+pub const INLINE_BUDGET: usize = 8 << 20;
 
 /// An answer.
 #[derive(Debug, Serialize, Deserialize)]

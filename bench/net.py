@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""sluice over ssh against rsync, scp and tar|ssh|tar, on a veth rig.
+
+Run by hand as root (it makes network namespaces, mounts file systems and
+drops the page cache):
+
+    bench/net.py                        # dense, mixed, huge, and a 1%-changed huge
+    bench/net.py --shapes dense --repeat 1
+
+Two network namespaces joined by a veth pair (unshaped), an OpenSSH server
+with throwaway keys in one; every tool runs in the other and copies this
+host's tree to the server's DST (a push, as `rsync -a SRC host:DST`), DST
+a fresh ext4 on a loop device each run, page cache dropped before each.
+Both "hosts" are this machine's two cores, so the CPU each side spends is
+reported: the client's from /usr/bin/time, the server's from the sshd
+master's reaped children (/proc/PID/stat cutime+cstime), and the bytes on
+the wire from the veth's counters. Datasets are smaller than bench.py's
+(named in the table) so scp's per-file cost stays bearable.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench  # noqa: E402  (Scratch, dataset, drop_caches, sh)
+
+SLUICE = os.environ.get("SLUICE") or bench.SLUICE
+CLIENT, SERVER = "slbench-c", "slbench-s"
+CIF, SIF = "slbc0", "slbs0"
+CADDR, SADDR = "10.231.0.1", "10.231.0.2"
+IN_CLIENT = f"nsenter --net=/var/run/netns/{CLIENT}"
+SHAPES = {
+    "dense": ("dense", "--files 20000", "20,000 files of 1 KiB"),
+    "mixed": ("mixed", "--files 3000", "3,000 files, log-normal sizes"),
+    "huge": ("huge", f"--size {2 << 30}", "one 2 GiB file"),
+}
+
+
+def sh(cmd, **kw):
+    return bench.sh(cmd, **kw)
+
+
+class Rig:
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="slbench-ssh-")
+        self.down()
+        sh(f"ip netns add {CLIENT} && ip netns add {SERVER}")
+        sh(f"ip link add {CIF} type veth peer name {SIF} && ip link set {CIF} netns {CLIENT} "
+           f"&& ip link set {SIF} netns {SERVER}")
+        for ns, ifc, addr in [(CLIENT, CIF, CADDR), (SERVER, SIF, SADDR)]:
+            sh(f"ip -n {ns} addr add {addr}/24 dev {ifc} && ip -n {ns} link set {ifc} up "
+               f"&& ip -n {ns} link set lo up")
+        d = self.dir
+        sh(f"ssh-keygen -q -t ed25519 -N '' -f {d}/host && ssh-keygen -q -t ed25519 -N '' -f {d}/id "
+           f"&& cp {d}/id.pub {d}/authorized_keys && mkdir -p /run/sshd")
+        with open(f"{d}/sshd_config", "w") as f:
+            f.write(f"ListenAddress {SADDR}\nHostKey {d}/host\nAuthorizedKeysFile {d}/authorized_keys\n"
+                    "PermitRootLogin prohibit-password\nPasswordAuthentication no\nUsePAM no\n"
+                    f"StrictModes no\nPidFile {d}/sshd.pid\nMaxStartups 64\nMaxSessions 64\n"
+                    "Subsystem sftp /usr/lib/openssh/sftp-server\n")
+        # nsenter --net, not `ip netns exec`: that also makes a mount
+        # namespace, which would not see the fresh DST mounted per run.
+        self.sshd = subprocess.Popen(["nsenter", f"--net=/var/run/netns/{SERVER}", "/usr/sbin/sshd",
+                                      "-D", "-e", "-f", f"{d}/sshd_config"], stderr=subprocess.DEVNULL)
+        self.ssh = (f"ssh -i {d}/id -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+                    "-o BatchMode=yes -o LogLevel=ERROR")
+        for _ in range(50):
+            if sh(f"{IN_CLIENT} {self.ssh} {SADDR} true 2>/dev/null", check=False).returncode == 0:
+                return
+            time.sleep(0.1)
+        sys.exit("sshd did not come up")
+
+    def down(self):
+        for ns in (CLIENT, SERVER):
+            sh(f"ip netns del {ns} 2>/dev/null", check=False)
+
+    def close(self):
+        self.sshd.kill()
+        self.down()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def server_cpu(self):
+        """Seconds of CPU the sshd master's finished children used."""
+        with open(f"/proc/{self.sshd.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        # After ')': state is fields[0]; cutime, cstime are stat fields 16, 17.
+        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+    def wire_bytes(self):
+        out = sh(f"ip -n {CLIENT} -s -j link show {CIF}", capture_output=True).stdout
+        s = json.loads(out)[0]["stats64"]
+        return s["rx"]["bytes"] + s["tx"]["bytes"]
+
+
+def tools(rig, src, dst):
+    # The sshd master forks per connection; `ip netns exec` runs the ssh
+    # client in the client namespace.
+    remote = f"root@{SADDR}"
+    return [
+        ("sluice", f"{SLUICE} copy {src} {remote}:{dst} -e '{rig.ssh}' --remote-path {SLUICE} "
+                   "--no-progress >/dev/null"),
+        ("rsync -a", f"rsync -a -e '{rig.ssh}' {src}/ {remote}:{dst}/"),
+        ("scp -r", f"{rig.ssh.replace('ssh ', 'scp -q -r ', 1)} {src} {remote}:{dst}"),
+        ("tar | ssh | tar", f"tar -C {src} -cf - . | {rig.ssh} {remote} 'mkdir -p {dst} && tar -C {dst} -xf -'"),
+    ]
+
+
+def timed(rig, cmd):
+    """Wall seconds, client CPU seconds, server CPU seconds, wire bytes."""
+    cpu0, wire0 = rig.server_cpu(), rig.wire_bytes()
+    tf = tempfile.NamedTemporaryFile("r", delete=False)
+    t0 = time.monotonic()
+    p = sh(f"{IN_CLIENT} /usr/bin/time -o {tf.name} -f '%U %S' sh -c \"{cmd.replace(chr(34), chr(92) + chr(34))}\" && sync",
+           check=False)
+    wall = time.monotonic() - t0
+    time.sleep(0.3)  # the server's session processes are reaped
+    u, s = (float(x) for x in open(tf.name).read().split()[-2:])
+    os.unlink(tf.name)
+    return p.returncode, wall, u + s, rig.server_cpu() - cpu0, rig.wire_bytes() - wire0
+
+
+def tree_size(path):
+    n = b = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            n += 1
+            b += os.lstat(os.path.join(root, f)).st_size
+    return n, b
+
+
+def changed_huge(rig, scratch, data, repeat):
+    """A 2 GiB file with 1% of it changed (20 regions of 1 MiB, spread),
+    onto DST holding the old version: the bytes on the wire."""
+    src = os.path.join(data, "net-huge")
+    rows = []
+    for tool, cmd in [t for t in tools(rig, src, bench.MNT + "/dst") if t[0] in ("sluice", "rsync -a")]:
+        for _ in range(repeat):
+            scratch.fresh()
+            sh(f"cp -a {src} {bench.MNT}/dst && sync")
+            work = os.path.join(data, "net-huge-changed")
+            sh(f"rm -rf {work} && cp -a {src} {work}")
+            f = os.path.join(work, os.listdir(work)[0])
+            size = os.path.getsize(f)
+            with open(f, "r+b") as fh:
+                for i in range(20):
+                    fh.seek(i * (size // 20) + 12345)
+                    fh.write(os.urandom(1 << 20))
+            bench.drop_caches()
+            code, wall, ccpu, scpu, wire = timed(rig, cmd.replace(src, work))
+            rows.append({"tool": tool, "ok": code == 0, "seconds": wall, "client_cpu": ccpu,
+                         "server_cpu": scpu, "wire_bytes": wire, "file_bytes": size})
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="dense,mixed,huge")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--data", default="/work/bench-data")
+    a = ap.parse_args()
+    bench.need_root("net.py")
+    rig = Rig()
+    scratch = bench.Scratch("/work/bench-data/net-dst.img", 12)
+    results = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+               "machine": f"{platform.node()} {os.cpu_count()} cores, {platform.release()}",
+               "sluice": sh(f"{SLUICE} --version", capture_output=True).stdout.strip(),
+               "shapes": {}}
+    try:
+        for shape in a.shapes.split(","):
+            gen, extra, words = SHAPES[shape]
+            src = bench.dataset(os.path.join(a.data, f"net-{shape}"), gen, extra)
+            files, size = tree_size(src)
+            runs = {}
+            for _ in range(a.repeat):  # interleaved rounds
+                for tool, cmd in tools(rig, src, bench.MNT + "/dst"):
+                    scratch.fresh()
+                    code, wall, ccpu, scpu, wire = timed(rig, cmd)
+                    got = tree_size(bench.MNT + "/dst") if code == 0 else (0, 0)
+                    ok = code == 0 and got == (files, size)
+                    print(shape, tool, f"{wall:.2f}", "ok" if ok else f"FAILED {code} {got}", flush=True)
+                    runs.setdefault(tool, []).append((ok, wall, ccpu, scpu, wire))
+            rows = []
+            for tool, rs in runs.items():
+                med = statistics.median(r[1] for r in rs)
+                pick = min(rs, key=lambda r: abs(r[1] - med))
+                rows.append({"tool": tool, "ok": all(r[0] for r in rs), "seconds": med,
+                             "all_seconds": [r[1] for r in rs], "client_cpu": pick[2],
+                             "server_cpu": pick[3], "wire_bytes": pick[4]})
+            results["shapes"][shape] = {"what": words, "files": files, "bytes": size, "rows": rows}
+        if "huge" in a.shapes.split(","):
+            results["changed_huge"] = changed_huge(rig, scratch, a.data, 1)
+    finally:
+        scratch.close()
+        rig.close()
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
+    out = os.path.join(HERE, "results", f"net-{stamp}")
+    with open(out + ".json", "w") as f:
+        json.dump(results, f, indent=1)
+    with open(out + ".md", "w") as f:
+        f.write(report(results))
+    print(report(results))
+
+
+def report(r):
+    lines = [f"# sluice over ssh, {r['date']}", "",
+             f"Machine: {r['machine']}; {r['sluice']}. Client and server are two network namespaces "
+             "on this machine joined by an unshaped veth pair, so both share its 2 cores; each tool "
+             "pushes this host's tree to the server's DST (fresh ext4 on a loop device, cold cache, "
+             "final sync). CPU is user+system seconds; wire is bytes both ways on the veth.", ""]
+    for shape, s in r["shapes"].items():
+        peers = [x for x in s["rows"] if x["tool"] != "sluice" and x["ok"]]
+        best = {p["tool"]: p["seconds"] for p in peers}
+        rsync = best.get("rsync -a")
+        lines += [f"## {shape}: {s['what']} ({s['files']} files, {s['bytes'] / 2**20:.0f} MiB)", "",
+                  "| tool | median s | all runs s | MB/s | client CPU s | server CPU s | wire MiB | vs rsync |",
+                  "|---|---:|---|---:|---:|---:|---:|---:|"]
+        for x in sorted(s["rows"], key=lambda x: x["seconds"]):
+            flag = "" if x["ok"] else " (FAILED)"
+            ratio = f"{rsync / x['seconds']:.2f}x" if rsync else "-"
+            runs = ", ".join(f"{v:.1f}" for v in x["all_seconds"])
+            lines.append(f"| {x['tool']}{flag} | {x['seconds']:.2f} | {runs} | "
+                         f"{s['bytes'] / x['seconds'] / 1e6:.0f} | {x['client_cpu']:.1f} | "
+                         f"{x['server_cpu']:.1f} | {x['wire_bytes'] / 2**20:.0f} | {ratio} |")
+        lines.append("")
+    if r.get("changed_huge"):
+        lines += ["## huge, 1% changed (20 regions of 1 MiB), onto the old version", "",
+                  "| tool | s | wire MiB | wire / file size | client CPU s | server CPU s |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for x in r["changed_huge"]:
+            lines.append(f"| {x['tool']}{'' if x['ok'] else ' (FAILED)'} | {x['seconds']:.2f} | "
+                         f"{x['wire_bytes'] / 2**20:.1f} | {100 * x['wire_bytes'] / x['file_bytes']:.2f}% | "
+                         f"{x['client_cpu']:.1f} | {x['server_cpu']:.1f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
