@@ -7,6 +7,7 @@ use crate::size::human_bytes;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use sluice_engine::gauge::Busy;
+use sluice_engine::source::{LocalSource, Source};
 use sluice_engine::{
     escape, CopyOptions, EntryError, JobError, Outcome, Reporter, Side, Stats, Summary,
 };
@@ -264,25 +265,15 @@ pub fn run_job(
     let mut result = Ok(Outcome::Complete);
     let mut lost = None;
     for (src, dst) in &pairs {
-        let one = match Location::parse(src.as_os_str()) {
-            _ if pushed.is_some() => sluice_engine::copy_from(
-                &pushed.as_ref().expect("pushed").source,
-                src,
-                dst,
-                opts.clone(),
-                stats.clone(),
-                printer.clone(),
-                cancel.clone(),
-            ),
-            Location::Local(_) => sluice_engine::copy(
-                src,
-                dst,
-                opts.clone(),
-                stats.clone(),
-                printer.clone(),
-                cancel.clone(),
-            ),
-            Location::Remote { user, host, path } => {
+        // Where SRC is read from: this host, the client of a push, or a
+        // `sluice serve` started on SRC's host (the engine runs here).
+        let (source, path, session) = match (&pushed, Location::parse(src.as_os_str())) {
+            (Some(p), _) => (p.source.clone(), src.clone(), None),
+            (None, Location::Local(_)) => {
+                let local: Arc<dyn Source> = Arc::new(LocalSource);
+                (local, src.clone(), None)
+            }
+            (None, Location::Remote { user, host, path }) => {
                 let login = Location::login(&user, &host);
                 let reach = crate::remote::Reach {
                     rsh: &args.rsh,
@@ -293,28 +284,29 @@ pub fn run_job(
                     move || cancel.store(true, Relaxed)
                 };
                 let ignore: sluice_remote::Handler = Box::new(|_, _| {});
-                let session = match crate::remote::Session::start(&login, &reach, on_lost, ignore) {
-                    Ok(s) => s,
+                match crate::remote::Session::start(&login, &reach, on_lost, ignore) {
+                    Ok(s) => (s.source.clone(), path, Some(s)),
                     Err(msg) => {
                         done.store(true, Relaxed);
                         eprintln!("sluice: error: {msg}");
                         return 2;
                     }
-                };
-                let one = sluice_engine::copy_from(
-                    &session.source,
-                    &path,
-                    dst,
-                    opts.clone(),
-                    stats.clone(),
-                    printer.clone(),
-                    cancel.clone(),
-                );
-                lost = session.lost();
-                session.close();
-                one
+                }
             }
         };
+        let one = sluice_engine::copy_from(
+            &source,
+            &path,
+            dst,
+            opts.clone(),
+            stats.clone(),
+            printer.clone(),
+            cancel.clone(),
+        );
+        if let Some(session) = session {
+            lost = session.lost();
+            session.close();
+        }
         // (an earlier Err or Interrupted broke the loop already)
         result = match (result, one) {
             (Ok(Outcome::Partial), Ok(Outcome::Complete)) => Ok(Outcome::Partial),

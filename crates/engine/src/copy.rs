@@ -685,7 +685,7 @@ impl Worker {
         len: u64,
         sparse: bool,
     ) -> Result<u64, (&'static str, Errno)> {
-        let shared = self.shared.clone();
+        let (shared, id) = (self.shared.clone(), self.id());
         let buf = self.scratch.buf();
         let piece = match &shared.throttle {
             Some(t) => (t.piece() as usize).min(buf.len()),
@@ -701,9 +701,13 @@ impl Worker {
             {
                 return Err(("copy", Errno::INTR)); // stopped
             }
+            // Waiting on the far end counts as reading: the summary then
+            // says whether the wire or DST's disk bounded the job.
+            shared.gauge.set(id, Activity::Read);
             let n = (shared.source.read_at(src, &mut buf[..want], off + done))
                 .map_err(|e| ("read", e))?;
             let data = &buf[..n];
+            shared.gauge.set(id, Activity::Write);
             if !(sparse && data.iter().all(|&b| b == 0)) {
                 sluice_sys::write_all_at(dst, data, off + done).map_err(|e| ("write", e))?;
             }

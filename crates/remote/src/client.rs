@@ -64,6 +64,18 @@ struct Along {
     links: HashMap<u64, HashMap<Vec<u8>, Vec<u8>>>,
     names: HashMap<u64, Arc<HashSet<Vec<u8>>>>,
     open: HashMap<u64, Arc<KeptFile>>,
+    /// Files open at the far end: what their open and reads told.
+    far: HashMap<u64, FarFile>,
+}
+
+/// What the far end said of a file it opened for us.
+struct FarFile {
+    xattrs: Vec<(CString, Vec<u8>)>,
+    /// Its stat at the open, replaced by the stat after a read, and kept
+    /// once a read saw it differ from the open's: the source changed.
+    st: Stat,
+    read: bool,
+    changed: bool,
 }
 
 /// Owns what listings sent along and releases handles: a dropped
@@ -84,6 +96,7 @@ impl Release for Kept {
         along.files.remove(&id);
         along.links.remove(&id);
         along.names.remove(&id);
+        along.far.remove(&id);
         drop(along);
         self.conn.release(id);
     }
@@ -332,7 +345,25 @@ impl Source for RemoteSource {
             name: name.to_bytes().to_vec(),
         };
         match self.conn.call(req)? {
-            Reply::Handle(id) => Ok(SrcFile::far(self.far(id))),
+            Reply::Opened { handle, st, xattrs } => {
+                let xattrs = xattrs
+                    .into_iter()
+                    .filter_map(|(n, v)| Some((CString::new(n).ok()?, v)))
+                    .collect();
+                let file = FarFile {
+                    xattrs,
+                    st,
+                    read: false,
+                    changed: false,
+                };
+                self.kept
+                    .along
+                    .lock()
+                    .expect("kept")
+                    .far
+                    .insert(handle, file);
+                Ok(SrcFile::far(self.far(handle)))
+            }
             r => unexpected(r),
         }
     }
@@ -340,6 +371,15 @@ impl Source for RemoteSource {
     fn stat_file(&self, file: &SrcFile) -> Result<Stat, Errno> {
         if let Some(k) = self.kept(file) {
             return Ok(k.st);
+        }
+        // After a read, the stat that came with it (or the one that showed
+        // a change) is as fresh as the copy needs.
+        let id = file_id(file)?;
+        let told = (self.kept.along.lock().expect("kept").far.get(&id))
+            .filter(|f| f.read)
+            .map(|f| f.st);
+        if let Some(st) = told {
+            return Ok(st);
         }
         match self.conn.call(Request::StatFile {
             file: file_id(file)?,
@@ -367,7 +407,17 @@ impl Source for RemoteSource {
                 len,
             };
             let data = match self.conn.call(req)? {
-                Reply::Data(d) if d.len() <= len as usize => d,
+                Reply::Data(d, st) if d.len() <= len as usize => {
+                    let mut along = self.kept.along.lock().expect("kept");
+                    if let Some(f) = along.far.get_mut(&id) {
+                        if !f.changed {
+                            f.changed = (st.size, st.mtime) != (f.st.size, f.st.mtime);
+                            f.st = st;
+                        }
+                        f.read = true;
+                    }
+                    d
+                }
                 r => return unexpected(r),
             };
             buf[done..done + data.len()].copy_from_slice(&data);
@@ -408,12 +458,20 @@ impl Source for RemoteSource {
     }
 
     fn xattrs(&self, of: Open<'_>, set: XattrSet) -> Result<Xattrs, Errno> {
+        let takes =
+            |n: &CString| set == XattrSet::All || !n.as_bytes().starts_with(b"system.posix_acl_");
         if let Open::File(f) = of {
             if let Some(k) = self.kept(f) {
-                let takes = |n: &CString| {
-                    set == XattrSet::All || !n.as_bytes().starts_with(b"system.posix_acl_")
-                };
                 return Ok(k.xattrs.iter().filter(|(n, _)| takes(n)).cloned().collect());
+            }
+            let id = file_id(f)?;
+            if let Some(far) = self.kept.along.lock().expect("kept").far.get(&id) {
+                return Ok(far
+                    .xattrs
+                    .iter()
+                    .filter(|(n, _)| takes(n))
+                    .cloned()
+                    .collect());
             }
         }
         let req = Request::Xattrs {

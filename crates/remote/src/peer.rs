@@ -117,6 +117,10 @@ pub struct Peer {
     out: Mutex<Box<dyn Write + Send>>,
     waiting: Mutex<HashMap<u64, mpsc::SyncSender<Reply>>>,
     next: AtomicU64,
+    /// Set once the end is noticed (so it is handled once), and `lost`
+    /// only after the owner was told, so no call fails before the job
+    /// knows why.
+    losing: AtomicBool,
     lost: AtomicBool,
     why_lost: Mutex<Option<String>>,
     on_lost: Box<dyn Fn() + Send + Sync>,
@@ -140,6 +144,7 @@ impl Peer {
             out: Mutex::new(Box::new(output)),
             waiting: Mutex::new(HashMap::new()),
             next: AtomicU64::new(1),
+            losing: AtomicBool::new(false),
             lost: AtomicBool::new(false),
             why_lost: Mutex::new(None),
             on_lost: Box::new(on_lost),
@@ -209,13 +214,17 @@ impl Peer {
     }
 
     fn lose(&self, why: String) {
-        if self.lost.swap(true, Relaxed) {
+        if self.losing.swap(true, Relaxed) {
             return;
         }
         self.why_lost.lock().expect("why").get_or_insert(why);
-        // Every caller still waiting wakes up with an error.
-        self.waiting.lock().expect("waiting").clear();
+        // The owner first (the job is stopped), then every caller still
+        // waiting wakes up with an error: a big file whose chunk fails now
+        // sees a stopped job and keeps its temporary and journal record
+        // for the rerun, rather than removing them as a failed file.
         (self.on_lost)();
+        self.lost.store(true, Relaxed);
+        self.waiting.lock().expect("waiting").clear();
     }
 
     /// Why the connection ended mid-job, if it did.
@@ -229,6 +238,7 @@ impl Peer {
     /// Ends the conversation: the other end reads the end of its input;
     /// nothing is reported as lost from here on.
     pub fn hang_up(&self) {
+        self.losing.store(true, Relaxed);
         self.lost.store(true, Relaxed);
         *self.out.lock().expect("output") = Box::new(io::sink());
     }
@@ -438,15 +448,27 @@ impl Answers {
             }
             Request::Open { dir, name: n } => {
                 let f = self.on_dir(dir, |d| src.open(d, &name(n)?))?;
-                Reply::Handle(self.keep(Held::File(f)))
+                let st = src.stat_file(&f)?;
+                let xattrs = src.xattrs(Open::File(&f), XattrSet::All)?;
+                Reply::Opened {
+                    handle: self.keep(Held::File(f)),
+                    st,
+                    xattrs: xattrs
+                        .into_iter()
+                        .map(|(n, v)| (n.into_bytes(), v))
+                        .collect(),
+                }
             }
             Request::StatFile { file } => Reply::Stat(self.on_file(file, |f| src.stat_file(f))?),
-            Request::Read { file, off, len } => Reply::Data(self.on_file(file, |f| {
-                let mut data = vec![0u8; len.min(wire::MAX_READ) as usize];
-                let n = src.read_at(f, &mut data, off)?;
-                data.truncate(n);
-                Ok(data)
-            })?),
+            Request::Read { file, off, len } => {
+                let (data, st) = self.on_file(file, |f| {
+                    let mut data = vec![0u8; len.min(wire::MAX_READ) as usize];
+                    let n = src.read_at(f, &mut data, off)?;
+                    data.truncate(n);
+                    Ok((data, src.stat_file(f)?))
+                })?;
+                Reply::Data(data, st)
+            }
             Request::Hash {
                 file,
                 off,

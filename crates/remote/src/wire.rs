@@ -143,7 +143,17 @@ pub enum Reply {
     Kind(u8),
     Entries(Vec<Entry>),
     Link(Vec<u8>),
-    Data(Vec<u8>),
+    /// A file opened: its handle, its stat and extended attributes (ACLs
+    /// included) as of the open, so copying it needs no other exchange
+    /// than its reads.
+    Opened {
+        handle: u64,
+        st: Stat,
+        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    },
+    /// Bytes read, and the file's stat after reading them: what the
+    /// client checks for a source that changed during the copy.
+    Data(Vec<u8>, Stat),
     Digest([u8; 32], u64),
     Xattrs(Vec<(Vec<u8>, Vec<u8>)>),
     /// The call failed with this errno.
