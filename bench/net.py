@@ -166,6 +166,7 @@ def main():
     ap.add_argument("--shapes", default="dense,mixed,huge")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--data", default="/work/bench-data")
+    ap.add_argument("--tools", help="comma-separated subset, e.g. 'sluice,rsync -a'")
     a = ap.parse_args()
     bench.need_root("net.py")
     rig = Rig()
@@ -182,6 +183,8 @@ def main():
             runs = {}
             for _ in range(a.repeat):  # interleaved rounds
                 for tool, cmd in tools(rig, src, bench.MNT + "/dst"):
+                    if a.tools and tool not in a.tools.split(","):
+                        continue
                     scratch.fresh()
                     code, wall, ccpu, scpu, wire = timed(rig, cmd)
                     got = tree_size(bench.MNT + "/dst") if code == 0 else (0, 0)

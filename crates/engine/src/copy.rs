@@ -410,7 +410,7 @@ impl Worker {
         dst: BorrowedFd<'_>,
     ) -> Result<u64, (&'static str, Errno)> {
         let Some(src) = src.fd() else {
-            return self.copy_far(src, dst, 0, u64::MAX, false);
+            return self.copy_far(src, dst, 0, u64::MAX, false, false);
         };
         let buf = self.scratch.buf();
         let most = buf.len().min(64 << 10);
@@ -557,7 +557,7 @@ impl Worker {
             if st.is_sparse() {
                 sluice_sys::set_len(dst, st.size).map_err(|e| ("truncate", e))?;
             }
-            return self.copy_far(src, dst, 0, st.size, st.is_sparse());
+            return self.copy_far(src, dst, 0, st.size, st.is_sparse(), false);
         };
         let src = src_fd;
         if self.try_clone(src, dst)? {
@@ -676,7 +676,9 @@ impl Worker {
     /// file that has no local descriptor (a source across a wire): read
     /// through the stream's buffer, written at the same offsets, throttled
     /// like any copy. With `sparse`, DST already has its final size and
-    /// all-zero pieces are left as holes. Returns the bytes read.
+    /// all-zero pieces are left as holes. With `direct`, `dst` is
+    /// `O_DIRECT` and a short last piece is written rounded up to the
+    /// block (the caller cuts the file to size). Returns the bytes read.
     fn copy_far(
         &mut self,
         src: &SrcFile,
@@ -684,6 +686,7 @@ impl Worker {
         off: u64,
         len: u64,
         sparse: bool,
+        direct: bool,
     ) -> Result<u64, (&'static str, Errno)> {
         let (shared, id) = (self.shared.clone(), self.id());
         let buf = self.scratch.buf();
@@ -706,7 +709,12 @@ impl Worker {
             shared.gauge.set(id, Activity::Read);
             let n = (shared.source.read_at(src, &mut buf[..want], off + done))
                 .map_err(|e| ("read", e))?;
-            let data = &buf[..n];
+            let whole = if direct {
+                n.next_multiple_of(sluice_sys::DIRECT_ALIGN).min(buf.len())
+            } else {
+                n
+            };
+            let data = &buf[..whole];
             shared.gauge.set(id, Activity::Write);
             if !(sparse && data.iter().all(|&b| b == 0)) {
                 sluice_sys::write_all_at(dst, data, off + done).map_err(|e| ("write", e))?;
@@ -1062,10 +1070,6 @@ impl Worker {
             Some(rec) => (0..chunks).filter(|&i| !rec.is_done(i)).collect(),
             None => (0..chunks).collect(),
         };
-        let direct = !cloned
-            && src
-                .fd()
-                .is_some_and(|fd| self.use_direct(fd, dst.as_fd(), st));
         // Across a wire, an older version is worth reading here rather
         // than fetching again (a clone or --inplace already holds it).
         let old = match (src.fd(), delta, node.existed) {
@@ -1079,6 +1083,22 @@ impl Worker {
             }
             _ => None,
         };
+        let direct = !cloned
+            && match src.fd() {
+                Some(fd) => self.use_direct(fd, dst.as_fd(), st),
+                // Data from across a wire is written with O_DIRECT alone
+                // (whole aligned pieces; the file is cut to size at the end).
+                None => {
+                    !delta
+                        && old.is_none()
+                        && self.shared.opts.direct
+                        && !st.is_sparse()
+                        && st.size >= DIRECT_MIN
+                        && (self.shared.opts.chunk_size)
+                            .is_multiple_of(sluice_sys::DIRECT_ALIGN as u64)
+                        && sluice_sys::set_direct(dst.as_fd(), true).is_ok()
+                }
+            };
         // In place needs no record: the source's mtime is set last, so an
         // interrupted file still looks changed and is compared again.
         let journaled = !todo.is_empty() && journal.is_some() && record.is_some();
@@ -1183,7 +1203,10 @@ impl Worker {
             None if big.delta => self.patch_far(&big.src, dst, dst, off, len)?,
             None => match &big.old {
                 Some(old) => self.patch_far(&big.src, old.as_fd(), dst, off, len)?,
-                None => self.copy_far(&big.src, dst, off, len, big.st.is_sparse())?,
+                None => {
+                    let (sparse, direct) = (big.st.is_sparse(), big.direct);
+                    self.copy_far(&big.src, dst, off, len, sparse, direct)?
+                }
             },
             Some(_) if big.delta => self.patch_range(&big.src, dst, off, len, big.direct)?,
             Some(src) if big.direct => self.copy_direct(src, dst, off, len)?,

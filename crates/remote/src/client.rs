@@ -400,29 +400,21 @@ impl Source for RemoteSource {
         let id = file_id(file)?;
         let mut done = 0;
         while done < buf.len() {
-            let len = (buf.len() - done).min(wire::MAX_READ as usize) as u32;
-            let req = Request::Read {
-                file: id,
-                off: off + done as u64,
-                len,
-            };
-            let data = match self.conn.call(req)? {
-                Reply::Data(d, st) if d.len() <= len as usize => {
-                    let mut along = self.kept.along.lock().expect("kept");
-                    if let Some(f) = along.far.get_mut(&id) {
-                        if !f.changed {
-                            f.changed = (st.size, st.mtime) != (f.st.size, f.st.mtime);
-                            f.st = st;
-                        }
-                        f.read = true;
-                    }
-                    d
+            let want = (buf.len() - done).min(wire::MAX_READ as usize);
+            let (n, st) =
+                self.conn
+                    .read_into(id, off + done as u64, &mut buf[done..done + want])?;
+            let mut along = self.kept.along.lock().expect("kept");
+            if let Some(f) = along.far.get_mut(&id) {
+                if !f.changed {
+                    f.changed = (st.size, st.mtime) != (f.st.size, f.st.mtime);
+                    f.st = st;
                 }
-                r => return unexpected(r),
-            };
-            buf[done..done + data.len()].copy_from_slice(&data);
-            done += data.len();
-            if data.len() < len as usize {
+                f.read = true;
+            }
+            drop(along);
+            done += n;
+            if n < want {
                 break;
             }
         }

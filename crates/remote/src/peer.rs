@@ -15,7 +15,7 @@
 use crate::wire::{self, Msg, Reply, Request, Root};
 use sluice_engine::hash::HashKind;
 use sluice_engine::source::{LocalSource, Open, Source, SrcDir, SrcFile, SrcRoot};
-use sluice_sys::{AlignedBuf, Errno, FsKind, XattrSet};
+use sluice_sys::{AlignedBuf, Errno, FsKind, Stat, XattrSet};
 use sluice_walk::DirStream;
 use std::collections::HashMap;
 use std::ffi::CStr;
@@ -115,7 +115,11 @@ pub type Handler = Box<dyn Fn(&Arc<Peer>, Msg) + Send + Sync>;
 /// One end of a connection.
 pub struct Peer {
     out: Mutex<Box<dyn Write + Send>>,
-    waiting: Mutex<HashMap<u64, mpsc::SyncSender<Reply>>>,
+    waiting: Mutex<HashMap<u64, mpsc::SyncSender<Answer>>>,
+    /// Frames read data came in, given back for the reader to fill again.
+    frames: Mutex<Vec<Vec<u8>>>,
+    /// Buffers for answering reads, reused.
+    reads: Mutex<Vec<Vec<u8>>>,
     next: AtomicU64,
     /// Set once the end is noticed (so it is handled once), and `lost`
     /// only after the owner was told, so no call fails before the job
@@ -143,6 +147,8 @@ impl Peer {
         let peer = Arc::new(Peer {
             out: Mutex::new(Box::new(output)),
             waiting: Mutex::new(HashMap::new()),
+            frames: Mutex::new(Vec::new()),
+            reads: Mutex::new(Vec::new()),
             next: AtomicU64::new(1),
             losing: AtomicBool::new(false),
             lost: AtomicBool::new(false),
@@ -167,20 +173,39 @@ impl Peer {
     fn read(self: Arc<Self>, mut input: impl Read) {
         let mut frame = Vec::new();
         let why = loop {
-            match wire::recv::<Msg>(&mut input, &mut frame) {
-                Ok(Some((id, Msg::Rep(reply)))) => {
+            match wire::recv_raw(&mut input, &mut frame) {
+                Ok(true) => {}
+                Ok(false) => break "the other end closed the connection".to_string(),
+                Err(e) => break format!("reading from the other end: {e}"),
+            }
+            // Read data goes to its caller in the frame it came in.
+            if let Some((id, at, st)) = wire::data_reply(&frame) {
+                let to = self.waiting.lock().expect("waiting").remove(&id);
+                if let Some(to) = to {
+                    let spare = self
+                        .frames
+                        .lock()
+                        .expect("frames")
+                        .pop()
+                        .unwrap_or_default();
+                    let frame = std::mem::replace(&mut frame, spare);
+                    let _ = to.send(Answer::Data(frame, at, st));
+                }
+                continue;
+            }
+            match wire::decode::<Msg>(&frame) {
+                Ok((id, Msg::Rep(reply))) => {
                     let to = self.waiting.lock().expect("waiting").remove(&id);
                     if let Some(to) = to {
-                        let _ = to.send(reply);
+                        let _ = to.send(Answer::Reply(reply));
                     }
                 }
-                Ok(Some((id, Msg::Req(req)))) => {
+                Ok((id, Msg::Req(req))) => {
                     if self.answer_pool().send((id, req)).is_err() {
                         break "the answering threads stopped".to_string();
                     }
                 }
-                Ok(Some((_, msg))) => (self.handler)(&self, msg),
-                Ok(None) => break "the other end closed the connection".to_string(),
+                Ok((_, msg)) => (self.handler)(&self, msg),
                 Err(e) => break format!("reading from the other end: {e}"),
             }
         };
@@ -202,6 +227,10 @@ impl Peer {
                         let (Ok((id, req)), Some(peer)) = (next, peer.upgrade()) else {
                             return;
                         };
+                        if let Request::Read { file, off, len } = req {
+                            peer.answer_read(id, file, off, len);
+                            continue;
+                        }
                         let reply = peer.answers.answer(req, &mut list, buf.as_mut_slice());
                         if let Some(reply) = reply {
                             peer.send(id, &Msg::Rep(reply));
@@ -259,8 +288,34 @@ impl Peer {
         }
     }
 
-    /// Sends `req` and waits for its reply.
-    pub fn call(&self, req: Request) -> Result<Reply, Errno> {
+    /// Answers a read: the bytes go from a reused buffer straight into
+    /// the frame's writes, with the file's stat after them.
+    fn answer_read(&self, id: u64, file: u64, off: u64, len: u32) {
+        let mut buf = self.reads.lock().expect("reads").pop().unwrap_or_default();
+        let len = len.min(wire::MAX_READ) as usize;
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        let src = LocalSource;
+        let read = self.answers.on_file(file, |f| {
+            let n = src.read_at(f, &mut buf[..len], off)?;
+            Ok((n, src.stat_file(f)?))
+        });
+        match read {
+            Ok((n, st)) => {
+                let sent =
+                    wire::send_data(&mut *self.out.lock().expect("output"), id, &buf[..n], &st);
+                if let Err(e) = sent {
+                    self.lose(format!("writing to the other end: {e}"));
+                }
+            }
+            Err(e) => self.send(id, &Msg::Rep(Reply::Err(e.raw_os_error()))),
+        }
+        self.reads.lock().expect("reads").push(buf);
+    }
+
+    /// Sends `req` and waits for its answer.
+    fn ask(&self, req: Request) -> Result<Answer, Errno> {
         if self.lost.load(Relaxed) {
             return Err(Errno::CONNRESET);
         }
@@ -269,9 +324,36 @@ impl Peer {
         self.waiting.lock().expect("waiting").insert(id, tx);
         self.send(id, &Msg::Req(req));
         match rx.recv() {
-            Ok(Reply::Err(raw)) => Err(Errno::from_raw_os_error(raw)),
-            Ok(reply) => Ok(reply),
+            Ok(Answer::Reply(Reply::Err(raw))) => Err(Errno::from_raw_os_error(raw)),
+            Ok(answer) => Ok(answer),
             Err(_) => Err(Errno::CONNRESET),
+        }
+    }
+
+    /// Sends `req` and waits for its reply.
+    pub fn call(&self, req: Request) -> Result<Reply, Errno> {
+        match self.ask(req)? {
+            Answer::Reply(r) => Ok(r),
+            Answer::Data(frame, at, st) => {
+                let data = frame[at].to_vec();
+                Ok(Reply::Data(data, st))
+            }
+        }
+    }
+
+    /// Reads up to `buf.len()` bytes of the far file `file` at `off` into
+    /// `buf` (copied once, out of the frame they came in); returns how many
+    /// and the file's stat after the read.
+    pub fn read_into(&self, file: u64, off: u64, buf: &mut [u8]) -> Result<(usize, Stat), Errno> {
+        let len = buf.len().min(wire::MAX_READ as usize) as u32;
+        match self.ask(Request::Read { file, off, len })? {
+            Answer::Data(frame, at, st) if at.len() <= len as usize => {
+                let n = at.len();
+                buf[..n].copy_from_slice(&frame[at]);
+                self.frames.lock().expect("frames").push(frame);
+                Ok((n, st))
+            }
+            _ => Err(Errno::PROTO),
         }
     }
 }
@@ -326,6 +408,13 @@ fn inline_entry(
         }
         _ => None,
     }
+}
+
+/// What a caller waiting on a request gets: a decoded reply, or the
+/// frame a read's data came in (and where in it the data is).
+enum Answer {
+    Reply(Reply),
+    Data(Vec<u8>, std::ops::Range<usize>, Stat),
 }
 
 /// What a handle stands for.
@@ -460,15 +549,6 @@ impl Answers {
                 }
             }
             Request::StatFile { file } => Reply::Stat(self.on_file(file, |f| src.stat_file(f))?),
-            Request::Read { file, off, len } => {
-                let (data, st) = self.on_file(file, |f| {
-                    let mut data = vec![0u8; len.min(wire::MAX_READ) as usize];
-                    let n = src.read_at(f, &mut data, off)?;
-                    data.truncate(n);
-                    Ok((data, src.stat_file(f)?))
-                })?;
-                Reply::Data(data, st)
-            }
             Request::Hash {
                 file,
                 off,
@@ -502,7 +582,9 @@ impl Answers {
                         .collect(),
                 )
             }
-            Request::OpenRoot { .. } | Request::Close { .. } => unreachable!("answered above"),
+            Request::OpenRoot { .. } | Request::Close { .. } | Request::Read { .. } => {
+                unreachable!("answered above, or by answer_read")
+            }
         })
     }
 }

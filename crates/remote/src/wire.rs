@@ -190,6 +190,108 @@ pub fn send<T: Serialize>(w: &mut impl Write, id: u64, msg: &T) -> io::Result<()
     w.flush()
 }
 
+/// postcard's integer encoding: 7 bits a byte, low first.
+fn varint(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push(v as u8 | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn read_varint(b: &[u8]) -> Option<(u64, usize)> {
+    let mut v = 0u64;
+    for (i, &byte) in b.iter().enumerate().take(10) {
+        v |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((v, i + 1));
+        }
+    }
+    None
+}
+
+/// The bytes that follow a frame's number when it holds
+/// `Msg::Rep(Reply::Data(..))`: the two variant indices, as postcard
+/// writes them (taken from postcard itself, once).
+fn data_tags() -> &'static [u8] {
+    static TAGS: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    TAGS.get_or_init(|| {
+        let st = Stat {
+            mode: 0,
+            uid: 0,
+            gid: 0,
+            nlink: 0,
+            ino: 0,
+            size: 0,
+            blocks: 0,
+            dev: (0, 0),
+            rdev: (0, 0),
+            atime: (0, 0),
+            mtime: (0, 0),
+            ctime: (0, 0),
+        };
+        let msg = (0u64, Msg::Rep(Reply::Data(Vec::new(), st)));
+        let all = postcard::to_allocvec(&msg).expect("encodes");
+        let stat = postcard::to_allocvec(&st).expect("encodes");
+        // id 0 (one byte), the tags, an empty byte string (one byte), the stat
+        all[1..all.len() - stat.len() - 1].to_vec()
+    })
+}
+
+/// Writes a `Data` reply around `data`, which is written as it is rather
+/// than copied into a frame first (a read is megabytes).
+pub fn send_data(w: &mut impl Write, id: u64, data: &[u8], st: &Stat) -> io::Result<()> {
+    let stat = postcard::to_allocvec(st).map_err(io::Error::other)?;
+    let mut head = vec![0u8; 4];
+    varint(id, &mut head);
+    head.extend_from_slice(data_tags());
+    varint(data.len() as u64, &mut head);
+    let len = u32::try_from(head.len() - 4 + data.len() + stat.len()).map_err(io::Error::other)?;
+    head[..4].copy_from_slice(&len.to_le_bytes());
+    w.write_all(&head)?;
+    w.write_all(data)?;
+    w.write_all(&stat)?;
+    w.flush()
+}
+
+/// If the frame in `buf` is a `Data` reply: its number, where the bytes
+/// are in `buf`, and the stat that came with them.
+pub fn data_reply(buf: &[u8]) -> Option<(u64, std::ops::Range<usize>, Stat)> {
+    let (id, n) = read_varint(buf)?;
+    let tags = data_tags();
+    let rest = buf.get(n..)?.strip_prefix(tags)?;
+    let (len, m) = read_varint(rest)?;
+    let start = n + tags.len() + m;
+    let end = start.checked_add(usize::try_from(len).ok()?)?;
+    let st = postcard::from_bytes(buf.get(end..)?).ok()?;
+    Some((id, start..end, st))
+}
+
+/// Reads one frame into `buf` whole; false at a clean end of the stream.
+pub fn recv_raw(r: &mut impl Read, buf: &mut Vec<u8>) -> io::Result<bool> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("a frame of {len} bytes (the most is {MAX_FRAME})"),
+        ));
+    }
+    buf.resize(len, 0);
+    r.read_exact(buf)?;
+    Ok(true)
+}
+
+/// Decodes a frame [`recv_raw`] read.
+pub fn decode<T: for<'de> Deserialize<'de>>(buf: &[u8]) -> io::Result<(u64, T)> {
+    postcard::from_bytes(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
 /// Reads one frame; `Ok(None)` at a clean end of the stream.
 pub fn recv<T: for<'de> Deserialize<'de>>(
     r: &mut impl Read,
@@ -251,6 +353,44 @@ mod tests {
             Some((8, Request::Close { handle: 3 }))
         ));
         assert!(recv::<Request>(&mut r, &mut buf).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_data_reply_written_in_pieces_reads_back_in_place() {
+        let st = Stat {
+            mode: 0o100644,
+            uid: 1,
+            gid: 2,
+            nlink: 1,
+            ino: 99,
+            size: 300,
+            blocks: 8,
+            dev: (8, 1),
+            rdev: (0, 0),
+            atime: (1, 2),
+            mtime: (3, 4),
+            ctime: (5, 6),
+        };
+        let data: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
+        let mut pipe = Vec::new();
+        send_data(&mut pipe, 1 << 40, &data, &st).unwrap();
+        let mut buf = Vec::new();
+        assert!(recv_raw(&mut &pipe[..], &mut buf).unwrap());
+        // What postcard itself decodes...
+        match decode::<Msg>(&buf).unwrap() {
+            (id, Msg::Rep(Reply::Data(d, s))) => {
+                assert_eq!((id, &d, s), (1 << 40, &data, st));
+            }
+            other => panic!("{other:?}"),
+        }
+        // ...and what is read out without copying.
+        let (id, at, s) = data_reply(&buf).unwrap();
+        assert_eq!((id, &buf[at], s), (1 << 40, &data[..], st));
+        // Other frames are not taken for data.
+        let mut other = Vec::new();
+        send(&mut other, 5, &Msg::Rep(Reply::Link(b"x".to_vec()))).unwrap();
+        assert!(recv_raw(&mut &other[..], &mut buf).unwrap());
+        assert!(data_reply(&buf).is_none());
     }
 
     #[test]
