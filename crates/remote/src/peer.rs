@@ -18,7 +18,7 @@ use sluice_engine::source::{LocalSource, Open, Source, SrcDir, SrcFile, SrcRoot}
 use sluice_sys::{AlignedBuf, Errno, FsKind, Stat, XattrSet};
 use sluice_walk::DirStream;
 use std::collections::HashMap;
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
@@ -366,27 +366,67 @@ impl sluice_engine::source::Release for Peer {
     }
 }
 
-/// What is sent along with a listed entry: a small regular file's bytes
-/// and attributes, read whole and only if it still has the listed size
-/// and mtime, or a symlink's target; `None` past the listing's budget.
-fn inline_entry(
-    dir: &SrcDir,
-    name: &CStr,
-    st: &sluice_sys::Stat,
-    most: u32,
-    budget: &mut usize,
-) -> Option<wire::Inline> {
+/// Reads what goes along with a listing: the small regular files (up to
+/// `most` bytes, within the listing's budget, in listing order) and the
+/// symlinks' targets, on several threads, so a cold directory's files are
+/// read with the disk's parallelism rather than one after another.
+fn send_along(dir: &SrcDir, entries: &mut [wire::Entry], most: u32) {
+    let mut budget = wire::INLINE_BUDGET as u64;
+    let picks: Vec<usize> = (0..entries.len())
+        .filter(|&i| match &entries[i].2 {
+            Ok(st) if st.file_type() == sluice_sys::FileType::Symlink => true,
+            Ok(st) if st.file_type() == sluice_sys::FileType::RegularFile => {
+                let fits = st.size <= u64::from(most) && st.size <= budget;
+                budget -= if fits { st.size } else { 0 };
+                fits
+            }
+            _ => false,
+        })
+        .collect();
+    if picks.is_empty() {
+        return;
+    }
+    let threads = picks.len().div_ceil(16).clamp(1, 8);
+    let found: Vec<(usize, Option<wire::Inline>)> = std::thread::scope(|s| {
+        let entries = &*entries;
+        let parts: Vec<_> = picks
+            .chunks(picks.len().div_ceil(threads))
+            .map(|part| {
+                s.spawn(move || {
+                    part.iter()
+                        .map(|&i| {
+                            let (name, _, st, _) = &entries[i];
+                            let along = match (CString::new(name.as_slice()), st) {
+                                (Ok(name), Ok(st)) => inline_entry(dir, &name, st),
+                                _ => None,
+                            };
+                            (i, along)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        parts
+            .into_iter()
+            .flat_map(|p| p.join().unwrap_or_default())
+            .collect()
+    });
+    for (i, along) in found {
+        entries[i].3 = along;
+    }
+}
+
+/// A small regular file's bytes and attributes, read whole and only if it
+/// still has the listed size and mtime, or a symlink's target.
+fn inline_entry(dir: &SrcDir, name: &CStr, st: &Stat) -> Option<wire::Inline> {
     let src = LocalSource;
     match st.file_type() {
         sluice_sys::FileType::Symlink => {
             let target = src.read_link(dir, name, Vec::new()).ok()?;
             Some(wire::Inline::Link(target.into_bytes()))
         }
-        sluice_sys::FileType::RegularFile if st.size <= u64::from(most) => {
+        sluice_sys::FileType::RegularFile => {
             let size = st.size as usize;
-            if size > *budget {
-                return None;
-            }
             let file = src.open(dir, name).ok()?;
             // One byte more than listed: a file that grew is not sent.
             let mut data = vec![0u8; size + 1];
@@ -397,7 +437,6 @@ fn inline_entry(
             }
             data.truncate(n);
             let xattrs = src.xattrs(Open::File(&file), XattrSet::All).ok()?;
-            *budget -= size;
             Some(wire::Inline::File {
                 data,
                 xattrs: xattrs
@@ -516,16 +555,14 @@ impl Answers {
                 // --delete, then for the walk) starts at the top each time.
                 let d = &src.open_dir(d, c".")?;
                 let mut entries = Vec::new();
-                let mut budget = wire::INLINE_BUDGET;
                 src.list(d, list, false, &mut |n: &CStr, is_dir, st| {
-                    let along = match &st {
-                        Ok(st) if inline > 0 => inline_entry(d, n, st, inline, &mut budget),
-                        _ => None,
-                    };
                     let st = st.map_err(|e| e.raw_os_error());
-                    entries.push((n.to_bytes().to_vec(), is_dir, st, along));
+                    entries.push((n.to_bytes().to_vec(), is_dir, st, None));
                     true
                 })?;
+                if inline > 0 {
+                    send_along(d, &mut entries, inline);
+                }
                 Ok(entries)
             })?),
             Request::Stat { dir, name: n } => {
