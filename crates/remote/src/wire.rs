@@ -216,20 +216,7 @@ fn read_varint(b: &[u8]) -> Option<(u64, usize)> {
 fn data_tags() -> &'static [u8] {
     static TAGS: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
     TAGS.get_or_init(|| {
-        let st = Stat {
-            mode: 0,
-            uid: 0,
-            gid: 0,
-            nlink: 0,
-            ino: 0,
-            size: 0,
-            blocks: 0,
-            dev: (0, 0),
-            rdev: (0, 0),
-            atime: (0, 0),
-            mtime: (0, 0),
-            ctime: (0, 0),
-        };
+        let st = Stat::default();
         let msg = (0u64, Msg::Rep(Reply::Data(Vec::new(), st)));
         let all = postcard::to_allocvec(&msg).expect("encodes");
         let stat = postcard::to_allocvec(&st).expect("encodes");
@@ -292,29 +279,15 @@ pub fn decode<T: for<'de> Deserialize<'de>>(buf: &[u8]) -> io::Result<(u64, T)> 
     postcard::from_bytes(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
-/// Reads one frame; `Ok(None)` at a clean end of the stream.
+/// Reads and decodes one frame; `Ok(None)` at a clean end of the stream.
 pub fn recv<T: for<'de> Deserialize<'de>>(
     r: &mut impl Read,
     buf: &mut Vec<u8>,
 ) -> io::Result<Option<(u64, T)>> {
-    let mut len = [0u8; 4];
-    match r.read_exact(&mut len) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
+    if !recv_raw(r, buf)? {
+        return Ok(None);
     }
-    let len = u32::from_le_bytes(len) as usize;
-    if len > MAX_FRAME {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("a frame of {len} bytes (the most is {MAX_FRAME})"),
-        ));
-    }
-    buf.resize(len, 0);
-    r.read_exact(buf)?;
-    let msg =
-        postcard::from_bytes(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-    Ok(Some(msg))
+    decode(buf).map(Some)
 }
 
 #[cfg(test)]
@@ -359,17 +332,10 @@ mod tests {
     fn a_data_reply_written_in_pieces_reads_back_in_place() {
         let st = Stat {
             mode: 0o100644,
-            uid: 1,
-            gid: 2,
-            nlink: 1,
             ino: 99,
             size: 300,
-            blocks: 8,
-            dev: (8, 1),
-            rdev: (0, 0),
-            atime: (1, 2),
             mtime: (3, 4),
-            ctime: (5, 6),
+            ..Stat::default()
         };
         let data: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
         let mut pipe = Vec::new();

@@ -31,7 +31,7 @@ pub use xattr::{
 
 /// The metadata sluice needs about one entry, read once with `statx`. A
 /// plain value: it crosses the wire as it is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stat {
     pub mode: u32,
     pub uid: u32,
