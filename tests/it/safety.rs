@@ -611,7 +611,10 @@ fn a_directory_vanishing_mid_walk_is_reported() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // DST exists before the root is listed; a second later the listing
+    // has surely begun and sits in its 3 s delay, its entries read.
     eventually("DST created", || dst.is_dir());
+    std::thread::sleep(std::time::Duration::from_millis(1000));
     fs::remove_dir_all(src.join("sub")).unwrap();
     let out = child.wait_with_output().unwrap();
     ok(&out);

@@ -66,7 +66,14 @@ struct Along {
     open: HashMap<u64, Arc<KeptFile>>,
     /// Files open at the far end: what their open and reads told.
     far: HashMap<u64, FarFile>,
+    /// Bytes of file data held above (sent along, not yet released).
+    bytes: u64,
 }
+
+/// The most file data kept from listings at once: past it, listings are
+/// asked for without contents until the engine has used some up (with
+/// many streams listing at once, 8 MiB a listing would add up).
+const KEPT_MOST: u64 = 32 << 20;
 
 /// What the far end said of a file it opened for us.
 struct FarFile {
@@ -90,10 +97,14 @@ impl Release for Kept {
     fn release(&self, id: u64) {
         let mut along = self.along.lock().expect("kept");
         if id & KEPT != 0 {
-            along.open.remove(&id);
+            if let Some(f) = along.open.remove(&id) {
+                along.bytes -= f.data.len() as u64;
+            }
             return;
         }
-        along.files.remove(&id);
+        if let Some(files) = along.files.remove(&id) {
+            along.bytes -= files.values().map(|f| f.data.len() as u64).sum::<u64>();
+        }
         along.links.remove(&id);
         along.names.remove(&id);
         along.far.remove(&id);
@@ -226,7 +237,8 @@ impl Source for RemoteSource {
         each: Each<'_>,
     ) -> Result<(), Errno> {
         let id = dir_id(dir)?;
-        let entries = self.entries(id, if prefetch { INLINE_MOST } else { 0 })?;
+        let room = self.kept.along.lock().expect("kept").bytes < KEPT_MOST;
+        let entries = self.entries(id, if prefetch && room { INLINE_MOST } else { 0 })?;
         let mut listed = Vec::with_capacity(entries.len());
         {
             let mut along = self.kept.along.lock().expect("kept");
@@ -243,6 +255,7 @@ impl Source for RemoteSource {
                             .into_iter()
                             .filter_map(|(n, v)| Some((CString::new(n).ok()?, v)))
                             .collect();
+                        along.bytes += data.len() as u64;
                         let file = KeptFile {
                             st: *st,
                             data,
