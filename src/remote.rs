@@ -28,7 +28,8 @@ pub struct Reach<'a> {
 
 impl Session {
     /// Starts `sluice serve --stdio` as `login` (`[user@]host`) and trades
-    /// handshakes. `cancel` is set if the connection drops mid-job.
+    /// handshakes. `on_lost` is called if the connection drops mid-job;
+    /// `handler` gets what a job running over there sends (a push).
     pub fn start(
         login: &str,
         reach: &Reach,

@@ -1,17 +1,18 @@
 //! The side entries are read from.
 //!
-//! [`Source`] is everything the engine asks of SRC: open and list a
-//! directory, `statx` an entry, read a symlink, open a file and read a
-//! range of it. [`LocalSource`] answers from a local file system; a source
-//! on another host answers the same questions over `sluice serve`, so the
-//! engine (which runs where DST is, next to the many small writes a file
-//! costs) never learns which it has.
+//! [`Source`] is everything the engine asks of SRC: open its root, open
+//! and list a directory (stats with the names), `statx` an entry, read a
+//! symlink, open a file, read or hash a range of it, read extended
+//! attributes. [`LocalSource`] answers from a local file system; a source
+//! on another host (`sluice_remote::RemoteSource`) answers the same
+//! questions over `sluice serve`, so the engine (which runs where DST is,
+//! next to the many small writes a file costs) never learns which it has.
 //!
-//! Handles are what the source gave back: a local one holds a descriptor.
-//! The local fast paths (reflink clone, `copy_file_range`, `SEEK_DATA`,
-//! `O_DIRECT`, extended attributes) take that descriptor through
-//! [`SrcFile::fd`] and [`SrcDir::fd`]; they are the sites a remote handle,
-//! which has none, must go around.
+//! Handles are what the source gave back: a local one holds a descriptor,
+//! a far one ([`Far`]) a number at the far end. The local fast paths
+//! (reflink clone, `copy_file_range`, `SEEK_DATA`, `O_DIRECT`, fd-to-fd
+//! extended attributes) take the descriptor through [`SrcFile::fd`] and
+//! [`SrcDir::fd`]; a far handle has none and is read through the trait.
 
 use crate::hash::{Digest, HashKind};
 use sluice_sys::{Errno, FsKind, Stat, XattrSet};
