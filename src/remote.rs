@@ -162,6 +162,11 @@ pub fn push(args: &JobArgs, login: &str, path: &std::path::Path) -> u8 {
     if let Some(last) = argv.iter_mut().rev().find(|a| a.as_slice() == dst) {
         *last = path.as_os_str().as_encoded_bytes().to_vec();
     }
+    // Its stderr reaches this terminal through ssh but is no terminal
+    // itself: where this side would draw a bar, it prints progress lines.
+    if args.show.bar() && !args.show.progress {
+        argv.push(b"--progress".to_vec());
+    }
     session.conn.send(0, &Msg::Job(argv));
     let mut cancelled = false;
     let code = loop {

@@ -77,16 +77,18 @@ pub fn handshake<R: Read>(
     input: R,
     output: &mut impl Write,
 ) -> Result<Option<BufReader<R>>, ConnectError> {
-    output
+    // A far end that already exited (no sluice there, a login script that
+    // printed and quit) refuses this write; what it printed says more
+    // than the broken pipe, so it is read first.
+    let wrote = output
         .write_all(wire::hello().as_bytes())
-        .and_then(|()| output.flush())
-        .map_err(ConnectError::Io)?;
+        .and_then(|()| output.flush());
     let mut input = BufReader::with_capacity(1 << 20, input);
     let mut lines = Vec::new();
     loop {
         let mut line = String::new();
         match input.read_line(&mut line) {
-            Ok(0) if lines.is_empty() => return Ok(None),
+            Ok(0) if lines.is_empty() => return wrote.map(|()| None).map_err(ConnectError::Io),
             Ok(0) => return Err(ConnectError::NoSluice { lines }),
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
@@ -95,7 +97,9 @@ pub fn handshake<R: Read>(
             Err(e) => return Err(ConnectError::Io(e)),
         }
         match wire::parse_hello(&line) {
-            Some((n, _)) if n == wire::PROTOCOL => return Ok(Some(input)),
+            Some((n, _)) if n == wire::PROTOCOL => {
+                return wrote.map(|()| Some(input)).map_err(ConnectError::Io)
+            }
             Some((theirs, program)) => {
                 return Err(ConnectError::Version {
                     theirs,
