@@ -324,6 +324,9 @@ pub fn run_job(
     let summary = stats.summary(start.elapsed());
     let verify = kind == Kind::Verify;
     let (code, outcome) = match &result {
+        // The connection dropped: the job stopped as for a signal, with
+        // its state saved; that is a failure, not an interruption.
+        _ if lost.is_some() => (2, "failed"),
         Ok(Outcome::Complete) if verify => (0, "identical"),
         // Differences, or entries that could not be compared (also listed).
         Ok(Outcome::Partial) if verify && summary.errors == 0 => (1, "differs"),
@@ -342,17 +345,11 @@ pub fn run_job(
         }
     }
     if let Some(why) = &lost {
-        // The connection dropped: the job stopped as for a signal, with
-        // its state saved; that is a failure, not an interruption.
-        eprintln!("sluice: error: the connection to the remote host was lost ({why}); run the same command again to finish");
-        if args.show.json {
-            println!("{}", summary_json(&summary, "failed", kind));
-        } else if !args.show.quiet {
-            print!("{}", summary_table(&summary, kind));
-        }
-        return 2;
-    }
-    if result.as_ref().is_ok_and(|o| *o == Outcome::Interrupted) {
+        eprintln!(
+            "sluice: error: the connection to the remote host was lost ({why}); run the same \
+             command again to finish"
+        );
+    } else if result.as_ref().is_ok_and(|o| *o == Outcome::Interrupted) {
         eprintln!(
             "sluice: interrupted {}; run the same command again to finish",
             stopped_by()

@@ -376,4 +376,23 @@ fn an_xattr_only_change_is_synced() {
     // And an unchanged pair stays untouched.
     let o = sync(&src, &dst, &["--json"]);
     assert_eq!(summary(&o)["files_copied"], 0);
+    // A directory DST already has gets SRC's new attribute, and (as root)
+    // its owner back, in place.
+    write(&src.join("d/h"), b"h");
+    ok(&sync(&src, &dst, &[]));
+    rustix::fs::setxattr(
+        src.join("d"),
+        "user.sluice-dir",
+        b"v2",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
+    if is_root() {
+        assert!(run(
+            "chown",
+            &["65534:65534", dst.join("d").to_str().unwrap()]
+        ));
+    }
+    ok(&sync(&src, &dst, &[]));
+    assert_same_tree(&src, &dst);
 }

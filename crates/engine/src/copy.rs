@@ -1200,9 +1200,9 @@ impl Worker {
         let dst = big.dst.as_fd();
         self.doing(Activity::Copy);
         let copied = match big.src.fd() {
-            None if big.delta => self.patch_far(&big.src, dst, dst, off, len)?,
+            None if big.delta => self.patch_far(&big.src, None, dst, off, len)?,
             None => match &big.old {
-                Some(old) => self.patch_far(&big.src, old.as_fd(), dst, off, len)?,
+                Some(old) => self.patch_far(&big.src, Some(old.as_fd()), dst, off, len)?,
                 None => {
                     let (sparse, direct) = (big.st.is_sparse(), big.direct);
                     self.copy_far(&big.src, dst, off, len, sparse, direct)?

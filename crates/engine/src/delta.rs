@@ -134,19 +134,19 @@ impl Worker {
     /// across the wire only the pieces that differ: each piece of `basis`
     /// (DST's older version) is hashed here, the source hashes its own, and
     /// only where the digests differ are the bytes fetched. An equal piece
-    /// is copied from `basis` locally, unless `basis` is `dst` itself (a
-    /// clone, or `--inplace`). Returns the bytes fetched.
+    /// is copied from `old` locally; with `old` `None`, `dst` itself holds
+    /// the older version (a clone, or `--inplace`) and an equal piece stays
+    /// as it is. Returns the bytes fetched.
     pub(crate) fn patch_far(
         &mut self,
         src: &SrcFile,
-        basis: BorrowedFd<'_>,
+        old: Option<BorrowedFd<'_>>,
         dst: BorrowedFd<'_>,
         off: u64,
         len: u64,
     ) -> Result<u64, (&'static str, Errno)> {
         let kind = crate::hash::HashKind::Xxh3;
-        let same_file = sluice_sys::stat_fd(basis).map(|s| (s.dev, s.ino))
-            == sluice_sys::stat_fd(dst).map(|s| (s.dev, s.ino));
+        let basis = old.unwrap_or(dst);
         let shared = self.shared.clone();
         let (gauge, id) = (&shared.gauge, self.id());
         let buf = self.scratch.buf();
@@ -161,8 +161,8 @@ impl Worker {
                 .map_err(|e| ("read old copy", e))?;
             let theirs = (shared.source.hash(src, at, want, buf, kind)).map_err(|e| ("read", e))?;
             if ours == theirs {
-                if !same_file {
-                    let n = sluice_sys::read_full_at(basis, &mut buf[..want as usize], at)
+                if let Some(old) = old {
+                    let n = sluice_sys::read_full_at(old, &mut buf[..want as usize], at)
                         .map_err(|e| ("read old copy", e))?;
                     gauge.set(id, Activity::Write);
                     sluice_sys::write_all_at(dst, &buf[..n], at).map_err(|e| ("write", e))?;

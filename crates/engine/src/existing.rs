@@ -284,8 +284,8 @@ impl Worker {
     }
 
     /// Owner, extended attributes and ACLs of a directory in DST. One that
-    /// existed is only touched where it differs, so a re-run changes no
-    /// ctime.
+    /// existed (`existing`: its stat, as the caller read it) is only
+    /// touched where it differs, so a re-run changes no ctime.
     pub(crate) fn dir_owner_and_xattrs(
         &mut self,
         parent: &DirNode,
@@ -293,13 +293,12 @@ impl Worker {
         src: Open<'_>,
         dst: BorrowedFd<'_>,
         st: &Stat,
-        existed: bool,
+        existing: Option<&Stat>,
     ) -> Result<(), crate::EntryError> {
-        if !existed {
+        let Some(now) = existing else {
             return self.copy_owner_and_xattrs(parent, name, src, dst, st);
-        }
+        };
         let err = |op, e| parent.error(name, Side::Dst, op, Reason::Os(e));
-        let now = sluice_sys::stat_fd(dst).map_err(|e| err("stat", e))?;
         if self.shared.opts.preserve_owner && (now.uid, now.gid) != (st.uid, st.gid) {
             sluice_sys::set_owner(dst, st).map_err(|e| err("chown", e))?;
         }

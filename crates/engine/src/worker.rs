@@ -338,9 +338,14 @@ impl Worker {
             }
             if !self.shared.writes() {
                 // a dry run or a verify: nothing is written
-            } else if let Err(err) =
-                self.dir_owner_and_xattrs(&parent, name, Open::Dir(&src), dst.as_fd(), &st, existed)
-            {
+            } else if let Err(err) = self.dir_owner_and_xattrs(
+                &parent,
+                name,
+                Open::Dir(&src),
+                dst.as_fd(),
+                &st,
+                existed.then_some(dst_st),
+            ) {
                 self.shared.fail(err);
             }
         }

@@ -251,10 +251,7 @@ impl Source for RemoteSource {
                 let st = st.map_err(Errno::from_raw_os_error);
                 match (sent, &st) {
                     (Some(Inline::File { data, xattrs }), Ok(st)) => {
-                        let xattrs = xattrs
-                            .into_iter()
-                            .filter_map(|(n, v)| Some((CString::new(n).ok()?, v)))
-                            .collect();
+                        let xattrs = wire::xattrs_in(xattrs)?;
                         along.bytes += data.len() as u64;
                         let file = KeptFile {
                             st: *st,
@@ -359,10 +356,7 @@ impl Source for RemoteSource {
         };
         match self.conn.call(req)? {
             Reply::Opened { handle, st, xattrs } => {
-                let xattrs = xattrs
-                    .into_iter()
-                    .filter_map(|(n, v)| Some((CString::new(n).ok()?, v)))
-                    .collect();
+                let xattrs = wire::xattrs_in(xattrs)?;
                 let file = FarFile {
                     xattrs,
                     st,
@@ -463,8 +457,7 @@ impl Source for RemoteSource {
     }
 
     fn xattrs(&self, of: Open<'_>, set: XattrSet) -> Result<Xattrs, Errno> {
-        let takes =
-            |n: &CString| set == XattrSet::All || !n.as_bytes().starts_with(b"system.posix_acl_");
+        let takes = |n: &CString| set.takes(n.as_bytes());
         if let Open::File(f) = of {
             if let Some(k) = self.kept(f) {
                 return Ok(k.xattrs.iter().filter(|(n, _)| takes(n)).cloned().collect());
@@ -484,10 +477,7 @@ impl Source for RemoteSource {
             acls: set == XattrSet::All,
         };
         match self.conn.call(req)? {
-            Reply::Xattrs(list) => list
-                .into_iter()
-                .map(|(n, v)| Ok((CString::new(n).map_err(|_| Errno::PROTO)?, v)))
-                .collect(),
+            Reply::Xattrs(list) => wire::xattrs_in(list),
             r => unexpected(r),
         }
     }

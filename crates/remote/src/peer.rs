@@ -338,10 +338,8 @@ impl Peer {
     pub fn call(&self, req: Request) -> Result<Reply, Errno> {
         match self.ask(req)? {
             Answer::Reply(r) => Ok(r),
-            Answer::Data(frame, at, st) => {
-                let data = frame[at].to_vec();
-                Ok(Reply::Data(data, st))
-            }
+            // Reads are asked with read_into; data here answers nothing.
+            Answer::Data(..) => Err(Errno::PROTO),
         }
     }
 
@@ -443,10 +441,7 @@ fn inline_entry(dir: &SrcDir, name: &CStr, st: &Stat) -> Option<wire::Inline> {
             let xattrs = src.xattrs(Open::File(&file), XattrSet::All).ok()?;
             Some(wire::Inline::File {
                 data,
-                xattrs: xattrs
-                    .into_iter()
-                    .map(|(n, v)| (n.into_bytes(), v))
-                    .collect(),
+                xattrs: wire::xattrs_out(xattrs),
             })
         }
         _ => None,
@@ -583,10 +578,7 @@ impl Answers {
                 Reply::Opened {
                     handle: self.keep(Held::File(f)),
                     st,
-                    xattrs: xattrs
-                        .into_iter()
-                        .map(|(n, v)| (n.into_bytes(), v))
-                        .collect(),
+                    xattrs: wire::xattrs_out(xattrs),
                 }
             }
             Request::StatFile { file } => Reply::Stat(self.on_file(file, |f| src.stat_file(f))?),
@@ -616,12 +608,7 @@ impl Answers {
                     XattrSet::NoAcls
                 };
                 let attrs = src.xattrs(of, set)?;
-                Reply::Xattrs(
-                    attrs
-                        .into_iter()
-                        .map(|(n, v)| (n.into_bytes(), v))
-                        .collect(),
-                )
+                Reply::Xattrs(wire::xattrs_out(attrs))
             }
             Request::OpenRoot { .. } | Request::Close { .. } | Request::Read { .. } => {
                 unreachable!("answered above, or by answer_read")

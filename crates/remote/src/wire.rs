@@ -10,6 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 use sluice_sys::Stat;
+use std::ffi::CString;
 use std::io::{self, Read, Write};
 
 /// Bumped whenever a message changes shape; both ends must agree.
@@ -122,16 +123,33 @@ pub type Entry = (Vec<u8>, bool, Result<Stat, i32>, Option<Inline>);
 pub enum Inline {
     /// A regular file's bytes (as of the stat listed) and its extended
     /// attributes, ACLs included.
-    File {
-        data: Vec<u8>,
-        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
-    },
+    File { data: Vec<u8>, xattrs: WireXattrs },
     /// A symlink's target.
     Link(Vec<u8>),
 }
 
 /// The most file data one listing carries inline.
 pub const INLINE_BUDGET: usize = 8 << 20;
+
+/// Extended attributes as they cross the wire: names and values.
+pub type WireXattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Attributes read here, for the wire.
+pub fn xattrs_out(attrs: Vec<(CString, Vec<u8>)>) -> WireXattrs {
+    attrs
+        .into_iter()
+        .map(|(n, v)| (n.into_bytes(), v))
+        .collect()
+}
+
+/// Attributes from the wire; a name with a NUL in it is the far end
+/// speaking the protocol wrongly.
+pub fn xattrs_in(attrs: WireXattrs) -> Result<Vec<(CString, Vec<u8>)>, sluice_sys::Errno> {
+    attrs
+        .into_iter()
+        .map(|(n, v)| Ok((CString::new(n).map_err(|_| sluice_sys::Errno::PROTO)?, v)))
+        .collect()
+}
 
 /// An answer.
 #[derive(Debug, Serialize, Deserialize)]
@@ -149,13 +167,13 @@ pub enum Reply {
     Opened {
         handle: u64,
         st: Stat,
-        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+        xattrs: WireXattrs,
     },
     /// Bytes read, and the file's stat after reading them: what the
     /// client checks for a source that changed during the copy.
     Data(Vec<u8>, Stat),
     Digest([u8; 32], u64),
-    Xattrs(Vec<(Vec<u8>, Vec<u8>)>),
+    Xattrs(WireXattrs),
     /// The call failed with this errno.
     Err(i32),
     /// Opening the root failed: errno (0 when none) and what happened.

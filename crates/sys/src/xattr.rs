@@ -16,7 +16,8 @@ pub enum XattrSet {
 }
 
 impl XattrSet {
-    fn takes(self, name: &[u8]) -> bool {
+    /// Whether the attribute `name` belongs to this set.
+    pub fn takes(self, name: &[u8]) -> bool {
         self == XattrSet::All || !name.starts_with(b"system.posix_acl_")
     }
 }
