@@ -9,29 +9,19 @@
 
 use crate::error::{EntryError, Reason, Side};
 use crate::gauge::Activity;
-use crate::job::{LinkState, Reflink, Shared};
+use crate::meta::{link_key, LinkKey, ACL_ACCESS, ACL_DEFAULT};
+use crate::options::Reflink;
 use crate::plan;
 use crate::queue::Lane;
 use crate::source::{Open, SrcFile};
-use crate::tree::DirNode;
-use crate::worker::{Task, Worker};
+use crate::state::{BigFile, DirNode, Task, TempName, Worker};
+use crate::state::{LinkState, Shared};
 use sluice_sys::{CopyMethod, Errno, FileType, Stat};
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
-
-/// A temporary's name, kept inline so naming a file allocates nothing.
-#[derive(Clone, Copy)]
-pub(crate) struct TempName {
-    bytes: [u8; 64],
-}
-
-/// The default ACL a directory hands down to what is created in it.
-pub(crate) const ACL_DEFAULT: &CStr = c"system.posix_acl_default";
-/// The access ACL an entry may inherit from its directory's default ACL.
-const ACL_ACCESS: &CStr = c"system.posix_acl_access";
 
 impl TempName {
     /// A fresh temporary's name for DST directory `node`.
@@ -147,46 +137,6 @@ const DIRECT_MIN: u64 = 1 << 20;
 /// The most one `copy_file_range` call is asked to copy.
 const KERNEL_STEP: u64 = 8 << 20;
 
-/// A big file whose chunks are copied by any number of streams at once.
-pub(crate) struct BigFile {
-    node: Arc<DirNode>,
-    src_name: CString,
-    dst_name: CString,
-    /// Path in DST relative to its root: the file's key in the journal.
-    rel: Vec<u8>,
-    /// The temporary being filled; `None` when the final file itself is
-    /// patched (`--inplace`).
-    tmp: Option<TempName>,
-    src: SrcFile,
-    dst: Arc<OwnedFd>,
-    /// Whether `src` and `dst` were switched to `O_DIRECT`.
-    direct: bool,
-    /// Whether `dst` already holds an older version: chunks are compared
-    /// and only differing blocks written (see `delta`).
-    delta: bool,
-    /// DST's older version, open for reading, when SRC is across a wire
-    /// and `dst` is a fresh temporary: pieces whose digests match are
-    /// taken from it rather than fetched.
-    old: Option<OwnedFd>,
-    st: Stat,
-    /// The chunks still to copy (all of them, unless resumed).
-    todo: Vec<u64>,
-    /// Index into `todo` of the next chunk to claim.
-    next: AtomicU64,
-    done: AtomicU64,
-    failed: Mutex<Option<EntryError>>,
-    /// Why it is copied (`-v`), said when it is committed.
-    why: Vec<&'static str>,
-    /// Bytes this run wrote into it: counted as copied once it is committed
-    /// (a file that then fails copied nothing).
-    copied: AtomicU64,
-    /// Whether the journal has a record of this file.
-    journaled: bool,
-    /// How many times the source changed under earlier attempts.
-    attempt: u32,
-    committed: AtomicBool,
-}
-
 impl BigFile {
     fn chunks(&self) -> u64 {
         self.todo.len() as u64
@@ -214,13 +164,6 @@ impl Drop for BigFile {
             j.forget(&self.rel);
         }
     }
-}
-
-type LinkKey = (u32, u32, u64);
-
-pub(crate) fn link_key(st: &Stat) -> Option<LinkKey> {
-    (st.nlink > 1 && st.file_type() == FileType::RegularFile)
-        .then_some((st.dev.0, st.dev.1, st.ino))
 }
 
 /// Where a later name of a hard-linked file links from.
@@ -475,75 +418,6 @@ impl Worker {
         Ok(())
     }
 
-    /// Owner (as root) then extended attributes and ACLs: in that order
-    /// because chown drops `security.capability`.
-    pub(crate) fn copy_owner_and_xattrs(
-        &mut self,
-        node: &DirNode,
-        name: &CStr,
-        src: Open<'_>,
-        dst: BorrowedFd<'_>,
-        st: &Stat,
-    ) -> Result<(), EntryError> {
-        if self.shared.opts.preserve_owner && !node.creates_owned_by(st) {
-            sluice_sys::set_owner(dst, st)
-                .map_err(|e| node.error(name, Side::Dst, "chown", Reason::Os(e)))?;
-        }
-        let Some(set) = self.shared.opts.xattrs else {
-            return Ok(()); // --no-xattrs: what DST gives a new entry stays
-        };
-        let (s, source) = (&mut self.scratch, &*self.shared.source);
-        let (names, value) = (&mut s.xattr_names, &mut s.xattr_value);
-        crate::source::copy_xattrs(source, src, dst, set, names, value).map_err(|(e, what)| {
-            node.error(
-                name,
-                Side::Dst,
-                "copy extended attributes",
-                Reason::Other(format!("{what}: {}", Reason::Os(e))),
-            )
-        })?;
-        if self.drops_inherited_acls(node) {
-            self.drop_inherited_acls(node, name, src, dst, st)?;
-        }
-        Ok(())
-    }
-
-    /// Whether what is created in `node` loses the ACLs its DST directory's
-    /// default ACL hands down. Not with `--no-acls`, `--no-xattrs` or
-    /// `--no-perms`: then what DST gives a new entry stays.
-    fn drops_inherited_acls(&self, node: &DirNode) -> bool {
-        let opts = &self.shared.opts;
-        node.default_acl && opts.xattrs == Some(sluice_sys::XattrSet::All) && opts.perms
-    }
-
-    /// An entry created in a DST directory with a default ACL inherited an
-    /// access ACL (and a directory, the default ACL too) and a mode masked
-    /// by it: what SRC's entry does not have is removed and the mode set
-    /// exactly, so DST ends with SRC's ACLs and nothing else.
-    fn drop_inherited_acls(
-        &self,
-        node: &DirNode,
-        name: &CStr,
-        src: Open<'_>,
-        dst: BorrowedFd<'_>,
-        st: &Stat,
-    ) -> Result<(), EntryError> {
-        let err = |op, e| node.error(name, Side::Dst, op, Reason::Os(e));
-        for acl in [ACL_ACCESS, ACL_DEFAULT] {
-            if !crate::source::has_xattr(&*self.shared.source, src, acl) {
-                sluice_sys::remove_xattr(dst, acl).map_err(|e| err("remove inherited ACL", e))?;
-            }
-        }
-        // A directory stays owner-only until it is finished (its real mode
-        // is set then, after its contents).
-        let perm = if st.file_type() == FileType::Directory {
-            0o700
-        } else {
-            self.shared.mode_for(st)
-        };
-        sluice_sys::set_perm(dst, perm).map_err(|e| err("chmod", e))
-    }
-
     /// Copies a whole file's data (clone, kernel copy or read/write, holes
     /// kept). Returns the bytes found in the source.
     fn copy_data(
@@ -560,7 +434,7 @@ impl Worker {
             return self.copy_far(src, dst, 0, st.size, st.is_sparse(), false);
         };
         let src = src_fd;
-        if self.try_clone(src, dst)? {
+        if self.try_reflink(src, dst)? {
             return Ok(st.size);
         }
         if st.is_sparse() {
@@ -595,7 +469,7 @@ impl Worker {
     }
 
     /// Tries to clone `src` into `dst`; `Ok(false)` means copy instead.
-    fn try_clone(
+    fn try_reflink(
         &self,
         src: BorrowedFd<'_>,
         dst: BorrowedFd<'_>,
@@ -994,7 +868,7 @@ impl Worker {
             Ok(big) => {
                 let streams = big.chunks().min(self.shared.budget.jobs as u64);
                 for _ in 0..streams {
-                    self.spawn(Task::Chunk(big.clone()));
+                    self.queue_task(Task::Chunk(big.clone()));
                 }
             }
             Err(err) => {
@@ -1044,7 +918,7 @@ impl Worker {
                 let guard = TempGuard::new(node.dst(), tmp);
                 let cloned = match src.fd() {
                     Some(fd) => self
-                        .try_clone(fd, dst.as_fd())
+                        .try_reflink(fd, dst.as_fd())
                         .map_err(|(op, e)| err(op, e))?,
                     None => false,
                 };

@@ -15,7 +15,7 @@
 
 use crate::error::{EntryError, Reason, Side};
 use crate::existing::join;
-use crate::job::Shared;
+use crate::state::Shared;
 use sluice_sys::Errno;
 use sluice_walk::DirStream;
 use std::ffi::CStr;

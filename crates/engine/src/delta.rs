@@ -21,8 +21,7 @@
 
 use crate::gauge::Activity;
 use crate::source::SrcFile;
-use crate::tree::DirNode;
-use crate::worker::Worker;
+use crate::state::{DirNode, Worker};
 use sluice_sys::{Errno, FileType, Stat};
 use std::ffi::CStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

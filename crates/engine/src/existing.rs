@@ -8,69 +8,16 @@
 //! resume.
 
 use crate::compare;
-use crate::copy::link_key;
 use crate::error::{Reason, Side};
-use crate::job::{LinkState, Shared};
+use crate::meta::link_key;
 use crate::plan::{self, Existing};
 use crate::source::{Open, SrcDir};
-use crate::tree::DirNode;
-use crate::worker::Worker;
+use crate::state::{DirNode, Extras, LinkState, Replacement, Worker};
 use sluice_sys::{Errno, FileType, Stat};
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-
-/// A source entry whose DST name holds a directory: copied once `--delete`
-/// has removed that directory, after the walk.
-pub(crate) struct Replacement {
-    node: Arc<DirNode>,
-    src_name: CString,
-    dst_name: CString,
-    st: Stat,
-}
-
-/// Copies the entries whose names held directories, now that `--delete`
-/// removed them, on the calling thread (a rare path: a big file's chunks
-/// run one after another). A directory still there (deletes were skipped
-/// or stopped, which was reported) is reported again for this entry.
-pub(crate) fn replace(shared: &Arc<Shared>) {
-    let replaced = std::mem::take(&mut *shared.replaced.lock().expect("replaced lock"));
-    if replaced.is_empty() {
-        return;
-    }
-    let mut worker = Worker::new(shared.clone(), 0);
-    for r in replaced {
-        if shared.stopped() {
-            return;
-        }
-        let node = &r.node;
-        if sluice_sys::stat_at(node.dst(), &r.dst_name)
-            .is_ok_and(|d| d.file_type() == FileType::Directory)
-        {
-            shared.fail(node.error(
-                &r.dst_name,
-                Side::Dst,
-                "replace",
-                Reason::Other("the directory in the way was not deleted".into()),
-            ));
-            continue;
-        }
-        worker.copy_one(node, &r.src_name, &r.dst_name, &r.st);
-    }
-}
-
-/// Entries of one DST directory that SRC does not have, removed after the
-/// walk if it had no error.
-pub(crate) struct Extras {
-    /// The directory, relative to DST's root.
-    pub dir: Vec<u8>,
-    /// The source directory's metadata, re-applied after the removal
-    /// changed the directory's times.
-    pub src_stat: Stat,
-    /// Names, and whether each is a directory.
-    pub names: Vec<(CString, bool)>,
-}
 
 impl Worker {
     /// Checks `dst_name` in an existing DST directory against the source

@@ -22,8 +22,8 @@
 use crate::chunkmap::{extent_sigs, hash_of, ChunkMap, Header, Ident, Record, UNKNOWN, ZERO};
 use crate::error::{EntryError, JobError, Reason, Side};
 use crate::gauge::{Activity, Busy, Gauge};
+use crate::options::{Outcome, Reporter};
 use crate::throttle::Throttle;
-use crate::{Outcome, Reporter};
 use sluice_sys::{AlignedBuf, Errno, FileType, Stat, DIRECT_ALIGN};
 use std::ffi::CString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

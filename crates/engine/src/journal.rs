@@ -186,14 +186,6 @@ pub(crate) struct Journal {
     pub discarded: Option<String>,
 }
 
-/// Splits `a/b/name` into (`a/b`, `name`).
-pub(crate) fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
-    match rel.iter().rposition(|&b| b == b'/') {
-        Some(i) => (&rel[..i], &rel[i + 1..]),
-        None => (&[], rel),
-    }
-}
-
 impl Journal {
     /// Opens the journal an earlier run left in `dst_dir` (held open for the
     /// journal's life; the file is opened from it with `O_NOFOLLOW` and must
@@ -212,7 +204,7 @@ impl Journal {
         };
         let owned = resumable
             .iter()
-            .map(|(rel, rec)| (split_rel(rel).0.to_vec(), rec.temp.clone()))
+            .map(|(rel, rec)| (crate::target::split_rel(rel).0.to_vec(), rec.temp.clone()))
             .collect();
         Ok(Journal {
             dir,

@@ -29,9 +29,12 @@ pub mod hash;
 pub mod image;
 mod job;
 mod journal;
+mod meta;
+pub mod options;
 pub mod plan;
 mod queue;
 pub mod source;
+mod state;
 pub mod target;
 mod throttle;
 mod tree;
@@ -41,9 +44,10 @@ pub mod watch;
 mod worker;
 
 pub use error::{escape, EntryError, JobError, Reason, Side};
-pub use job::{
-    copy, copy_from, Check, CopyOptions, HashKind, Outcome, Reflink, Reporter, Stats, Summary,
-    DEFAULT_CHUNK, DEFAULT_JOBS, JUDGE_AFTER,
+pub use job::{copy, copy_from};
+pub use options::{
+    Check, CopyOptions, HashKind, Outcome, Reflink, Reporter, Stats, Summary, DEFAULT_CHUNK,
+    DEFAULT_JOBS, JUDGE_AFTER,
 };
 pub use sluice_sys::XattrSet;
 pub use sluice_walk::Filter;

@@ -112,7 +112,7 @@ pub(crate) fn link_beneath(
     to_dir: BorrowedFd<'_>,
     to_name: &CStr,
 ) -> Result<(), LinkFailure> {
-    let (dir, name) = crate::journal::split_rel(from_rel);
+    let (dir, name) = split_rel(from_rel);
     let from_dir = open_beneath(root, dir).map_err(LinkFailure::Os)?;
     let name = CString::new(name).map_err(|_| LinkFailure::Os(Errno::INVAL))?;
     sluice_sys::link_at(from_dir.as_fd(), &name, to_dir, to_name).map_err(LinkFailure::Os)?;
@@ -204,7 +204,7 @@ pub(crate) fn lock_root(dir: BorrowedFd<'_>, path: &Path) -> Result<(), JobError
     }
     // Each ancestor: a shared lock is refused while another run holds it
     // exclusively (it is that run's DST); taken and released at once.
-    let real = crate::job::resolve(path).unwrap_or_else(|_| PathBuf::from(path));
+    let real = resolve(path).unwrap_or_else(|_| PathBuf::from(path));
     for anc in real.ancestors().skip(1) {
         let Ok(fd) = sluice_sys::open_dir_path(anc) else {
             continue; // unreadable: nobody we could collide with can be told apart
@@ -309,4 +309,37 @@ fn remove_entry(
         let _ = remove_entry(sub.as_fd(), n, dev, stream);
     }
     sluice_sys::rmdir_at(dir, name)
+}
+
+/// Splits `a/b/name` into (`a/b`, `name`).
+pub(crate) fn split_rel(rel: &[u8]) -> (&[u8], &[u8]) {
+    match rel.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&rel[..i], &rel[i + 1..]),
+        None => (&[], rel),
+    }
+}
+
+/// The absolute, symlink-free form of a path that may not exist yet: its
+/// deepest existing ancestor canonicalized, the rest appended.
+pub(crate) fn resolve(path: &Path) -> std::io::Result<PathBuf> {
+    let abs = std::path::absolute(path)?;
+    let mut existing = abs.as_path();
+    let mut rest = Vec::new();
+    loop {
+        match existing.canonicalize() {
+            Ok(c) => {
+                let mut out = c;
+                out.extend(rest.iter().rev());
+                return Ok(out);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let Some(parent) = existing.parent() else {
+                    return Err(e);
+                };
+                rest.push(existing.file_name().unwrap_or_default().to_owned());
+                existing = parent;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }

@@ -26,7 +26,7 @@
 //! the streams it takes from big files go to small ones.
 
 use crate::gauge::{Activity, Gauge, KINDS};
-use crate::job::Stats;
+use crate::options::Stats;
 use crate::queue::Queue;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex};

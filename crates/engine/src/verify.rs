@@ -12,10 +12,9 @@ use crate::hash::hash_range;
 use crate::plan;
 use crate::queue::Lane;
 use crate::source::{Open, SrcFile};
-use crate::tree::DirNode;
-use crate::worker::{Task, Worker};
+use crate::state::{CheckBig, DirNode, Task, Worker};
 use sluice_sys::{Errno, FileType, Stat};
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -23,21 +22,6 @@ use std::sync::{Arc, Mutex};
 
 /// Files from this size up are read with `O_DIRECT` when comparing.
 const DIRECT_MIN: u64 = 1 << 20;
-
-/// A big file compared chunk by chunk by any number of streams.
-pub(crate) struct CheckBig {
-    node: Arc<DirNode>,
-    name: CString,
-    src: SrcFile,
-    dst: OwnedFd,
-    st: Stat,
-    dst_st: Stat,
-    chunks: u64,
-    next: AtomicU64,
-    done: AtomicU64,
-    differs: AtomicBool,
-    failed: Mutex<Option<EntryError>>,
-}
 
 /// Opens `name` for reading on both sides.
 fn open_pair(node: &DirNode, name: &CStr) -> Result<(SrcFile, OwnedFd), EntryError> {
@@ -293,7 +277,7 @@ impl Worker {
             failed: Mutex::new(None),
         });
         for _ in 0..chunks.min(sh.budget.jobs as u64) {
-            self.spawn(Task::Check(big.clone()));
+            self.queue_task(Task::Check(big.clone()));
         }
     }
 

@@ -21,7 +21,8 @@
 //! the pass after it returns is a full one.
 
 use crate::error::JobError;
-use crate::job::{copy, CopyOptions, Outcome, Reporter, Stats, Summary};
+use crate::job::copy;
+use crate::options::{CopyOptions, Outcome, Reporter, Stats, Summary};
 use sluice_sys::notify::{Event, Inotify, Kind};
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
@@ -224,7 +225,7 @@ pub fn watch(
     let src = src.canonicalize().map_err(|e| JobError::source(src, e))?;
     let dst_err = |e: std::io::Error| JobError::destination(dst, e);
     // Checked before DST is created: it must not appear inside SRC.
-    let dst_abs = crate::job::resolve(dst).map_err(dst_err)?;
+    let dst_abs = crate::target::resolve(dst).map_err(dst_err)?;
     if dst_abs.starts_with(&src) || src.starts_with(&dst_abs) {
         return Err(JobError::Usage(format!(
             "source {} and destination {} overlap; refusing to replicate a tree into itself",

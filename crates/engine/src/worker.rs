@@ -1,156 +1,20 @@
 //! One stream of the pool: takes tasks from the queue and runs them.
 
-use crate::copy::BigFile;
 use crate::error::{Reason, Side};
 use crate::gauge::Activity;
-use crate::job::Shared;
 use crate::plan::{self, Action};
-use crate::queue::Lane;
 use crate::source::Open;
-use crate::tree::DirNode;
-use crate::verify::CheckBig;
-use sluice_sys::{AlignedBuf, Stat};
-use sluice_walk::DirStream;
-use std::ffi::{CStr, CString};
+use crate::state::{DirNode, FileBatch, Listing, Shared, Task, Worker, BATCH};
+use sluice_sys::{FileType, Stat};
+use std::ffi::CStr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-/// Entries per small-file batch: enough to amortise queue traffic, few
-/// enough that one big directory spreads over all streams.
-const BATCH: usize = 128;
-
-/// A unit of work on the queue.
-pub(crate) enum Task {
-    /// List an already opened directory pair (the roots).
-    List(Arc<DirNode>, Listing),
-    /// Open, create in DST, then list a subdirectory.
-    Dir {
-        parent: Arc<DirNode>,
-        name: CString,
-        st: Stat,
-        listing: Listing,
-    },
-    /// Copy a batch of non-directory entries of one directory.
-    Files(FileBatch),
-    /// Copy the next unclaimed chunk of a big file.
-    Chunk(Arc<BigFile>),
-    /// Compare the next unclaimed chunk of a big file (`verify`).
-    Check(Arc<CheckBig>),
-    /// Copy one file under another name (SRC given as a file).
-    Single {
-        node: Arc<DirNode>,
-        src_name: CString,
-        dst_name: CString,
-        st: Stat,
-    },
-}
-
-impl Task {
-    fn lane(&self) -> Lane {
-        match self {
-            Task::List(..) | Task::Dir { .. } => Lane::Dir,
-            Task::Chunk(_) | Task::Check(_) => Lane::Chunk,
-            _ => Lane::Data,
-        }
-    }
-}
-
-/// A directory still to be listed: counted in `Stats::listings_pending`
-/// from when it is found until its task is finished (its subdirectories
-/// are counted before that), so the count reaches zero exactly when the
-/// walk is over and the totals found are final.
-pub(crate) struct Listing(Arc<crate::job::Stats>);
-
-impl Listing {
-    pub fn new(stats: &Arc<crate::job::Stats>) -> Listing {
-        stats.listings_pending.fetch_add(1, Relaxed);
-        Listing(stats.clone())
-    }
-}
-
-impl Drop for Listing {
-    fn drop(&mut self) {
-        self.0.listings_pending.fetch_sub(1, Relaxed);
-    }
-}
-
-/// Entries of one directory, names packed into one buffer so a batch costs
-/// two allocations however many entries it holds.
-pub(crate) struct FileBatch {
-    node: Arc<DirNode>,
-    names: Vec<u8>,
-    entries: Vec<(u32, Stat)>,
-}
-
-impl FileBatch {
-    fn new(node: Arc<DirNode>) -> Self {
-        FileBatch {
-            node,
-            names: Vec::with_capacity(BATCH * 16),
-            entries: Vec::with_capacity(BATCH),
-        }
-    }
-
-    fn push(&mut self, name: &CStr, st: Stat) {
-        self.entries.push((self.names.len() as u32, st));
-        self.names.extend_from_slice(name.to_bytes_with_nul());
-    }
-
-    fn name(&self, start: u32) -> &CStr {
-        CStr::from_bytes_until_nul(&self.names[start as usize..]).expect("names are NUL-terminated")
-    }
-}
-
-/// Per-stream scratch space, reused for every entry.
-pub(crate) struct Scratch {
-    /// Data buffer for read/write copies, allocated on first use.
-    pub buf: Option<AlignedBuf>,
-    pub xattr_names: Vec<u8>,
-    pub xattr_value: Vec<u8>,
-    pub link: Vec<u8>,
-    pub stream: Option<DirStream>,
-    buf_size: usize,
-}
-
-impl Scratch {
-    /// The stream's data buffer (its size set by the job's memory budget),
-    /// allocated on first use.
-    pub fn buf(&mut self) -> &mut [u8] {
-        let size = self.buf_size;
-        self.buf
-            .get_or_insert_with(|| AlignedBuf::new(size))
-            .as_mut_slice()
-    }
-}
-
-/// One stream of the pool.
-pub(crate) struct Worker {
-    pub shared: Arc<Shared>,
-    pub scratch: Scratch,
-    /// Why the entry being copied differs from DST's (`-v`): set by
-    /// `up_to_date`, `["new"]` where DST has nothing.
-    pub why: Vec<&'static str>,
-    /// This stream's index, for the gauge.
-    id: usize,
-}
-
 impl Worker {
-    pub fn new(shared: Arc<Shared>, id: usize) -> Self {
-        let buf_size = shared.budget.buf;
-        Worker {
-            shared,
-            id,
-            why: Vec::new(),
-            scratch: Scratch {
-                buf: None,
-                xattr_names: Vec::new(),
-                xattr_value: Vec::new(),
-                link: Vec::new(),
-                stream: None,
-                buf_size,
-            },
-        }
+    /// Stream `id` of the job's pool, running tasks as this module does.
+    pub fn stream(shared: Arc<Shared>, id: usize) -> Worker {
+        Worker::new(shared, id, Worker::run_task)
     }
 
     /// Runs tasks until the job is complete.
@@ -173,23 +37,6 @@ impl Worker {
             self.doing(Activity::Walk);
             self.run_task(task);
             self.shared.queue.done(lane);
-        }
-    }
-
-    pub(crate) fn id(&self) -> usize {
-        self.id
-    }
-
-    /// Tells the gauge what this stream is doing now.
-    #[inline]
-    pub(crate) fn doing(&self, a: Activity) {
-        self.shared.gauge.set(self.id, a);
-    }
-
-    /// Queues a task, or runs it right here when the queue is full.
-    pub(crate) fn spawn(&mut self, task: Task) {
-        if let Err(task) = self.shared.queue.push(task.lane(), task) {
-            self.run_task(task);
         }
     }
 
@@ -476,7 +323,7 @@ impl Worker {
                 }
                 stats.entries_found.fetch_add(1, Relaxed);
                 match action {
-                    Action::Dir => self.spawn(Task::Dir {
+                    Action::Dir => self.queue_task(Task::Dir {
                         parent: node.clone(),
                         name: name.to_owned(),
                         st,
@@ -498,7 +345,7 @@ impl Worker {
                             // on it with 2 streams). Only idle streams are handed
                             // a share, as in a single huge directory.
                             if shared.queue.has_idle() {
-                                self.spawn(Task::Files(full));
+                                self.queue_task(Task::Files(full));
                             } else {
                                 self.run_task(Task::Files(full));
                             }
@@ -547,4 +394,34 @@ fn vanished(shared: &Shared, rel: &[u8]) {
     shared
         .reporter()
         .notice(&path, "directory vanished during the walk; skipped");
+}
+
+/// Copies the entries whose names held directories, now that `--delete`
+/// removed them, on the calling thread (a rare path: a big file's chunks
+/// run one after another). A directory still there (deletes were skipped
+/// or stopped, which was reported) is reported again for this entry.
+pub(crate) fn replace(shared: &Arc<Shared>) {
+    let replaced = std::mem::take(&mut *shared.replaced.lock().expect("replaced lock"));
+    if replaced.is_empty() {
+        return;
+    }
+    let mut worker = Worker::stream(shared.clone(), 0);
+    for r in replaced {
+        if shared.stopped() {
+            return;
+        }
+        let node = &r.node;
+        if sluice_sys::stat_at(node.dst(), &r.dst_name)
+            .is_ok_and(|d| d.file_type() == FileType::Directory)
+        {
+            shared.fail(node.error(
+                &r.dst_name,
+                Side::Dst,
+                "replace",
+                Reason::Other("the directory in the way was not deleted".into()),
+            ));
+            continue;
+        }
+        worker.copy_one(node, &r.src_name, &r.dst_name, &r.st);
+    }
 }
