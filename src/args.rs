@@ -151,6 +151,24 @@ impl Show {
     }
 }
 
+/// How a remote side (`[user@]host:PATH`) is reached.
+#[derive(Args, Clone)]
+pub struct RemoteArgs {
+    /// The command that reaches a remote host (`[user@]host:PATH`), run as
+    /// `CMD [user@]host sluice serve --stdio`, as rsync's -e is.
+    #[arg(
+        short = 'e',
+        long,
+        value_name = "CMD",
+        env = "SLUICE_RSH",
+        default_value = "ssh"
+    )]
+    pub rsh: String,
+    /// The sluice binary on the remote host.
+    #[arg(long, value_name = "PATH", default_value = "sluice")]
+    pub remote_path: String,
+}
+
 /// What every job command takes: the two sides, the pool, the filters,
 /// and how it reports.
 #[derive(Args)]
@@ -203,19 +221,8 @@ pub struct JobArgs {
     /// fit [default: an eighth of RAM].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub mem_limit: Option<u64>,
-    /// The command that reaches a remote host (`[user@]host:PATH`), run as
-    /// `CMD [user@]host sluice serve --stdio`, as rsync's -e is.
-    #[arg(
-        short = 'e',
-        long,
-        value_name = "CMD",
-        env = "SLUICE_RSH",
-        default_value = "ssh"
-    )]
-    pub rsh: String,
-    /// The sluice binary on the remote host.
-    #[arg(long, value_name = "PATH", default_value = "sluice")]
-    pub remote_path: String,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
     #[command(flatten)]
     pub show: Show,
     /// The saved probe for this pair, looked up once.
@@ -400,9 +407,10 @@ impl WatchArgs {
 
 #[derive(Args)]
 pub struct ImageArgs {
-    /// Block device or image file to read.
+    /// Block device or image file to read ([user@]host:PATH on another host).
     pub src: PathBuf,
-    /// Image file or block device to write (DST/name if DST is a directory).
+    /// Image file or block device to write (DST/name if DST is a directory;
+    /// [user@]host:PATH on another host).
     pub dst: PathBuf,
     /// Parallel streams [default: 4].
     #[arg(short = 'j', long = "jobs", value_name = "N")]
@@ -435,6 +443,8 @@ pub struct ImageArgs {
     /// The most memory the job may use [default: an eighth of RAM].
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub mem_limit: Option<u64>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
     #[command(flatten)]
     pub show: Show,
 }

@@ -1,28 +1,39 @@
 //! `sluice image` (and `sluice verify` of an image pair): runs the
 //! engine's image job and reports it.
 
-use crate::args::{ImageArgs, Show};
+use crate::args::{ImageArgs, RemoteArgs, Show};
+use crate::location::Location;
+use crate::output::Pushed;
 use crate::output::{
     busy_json, busy_line, cancel_on_signals, eta, ms, progress, rate, Draw, Printer, Tick,
 };
+use crate::remote::Opened;
 use crate::size::human_bytes;
 use serde_json::json;
 use sluice_engine::image::{ImageMode, ImageOptions, ImageReport, ImageStats};
 use sluice_engine::{JobError, Outcome};
 use std::path::Path;
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub fn run(args: &ImageArgs) -> ExitCode {
-    match args.options() {
-        Ok(opts) => run_with(&args.src, &args.dst, opts, &args.show),
+/// `sluice image`; `pushed` when `sluice serve` runs a client's image to
+/// here. Returns the exit code.
+pub fn run(args: &ImageArgs, pushed: Option<Pushed>) -> u8 {
+    let opts = match args.options() {
+        Ok(o) => o,
         Err(msg) => {
             eprintln!("sluice: error: {msg}");
-            ExitCode::from(2)
+            return 2;
+        }
+    };
+    if pushed.is_none() {
+        if let Location::Remote { user, host, path } = Location::parse(args.dst.as_os_str()) {
+            let login = Location::login(&user, &host);
+            return crate::remote::push_command(&args.remote, &args.show, &args.dst, &login, &path);
         }
     }
+    run_with(&args.src, &args.dst, opts, &args.show, &args.remote, pushed)
 }
 
 /// Whether `sluice verify SRC DST` compares an image pair: either side a
@@ -33,9 +44,26 @@ pub fn is_image_pair(src: &Path, dst: &Path) -> bool {
     dev(src) || dev(dst)
 }
 
-pub fn run_with(src: &Path, dst: &Path, opts: ImageOptions, show: &Show) -> ExitCode {
+pub fn run_with(
+    src: &Path,
+    dst: &Path,
+    opts: ImageOptions,
+    show: &Show,
+    reach: &RemoteArgs,
+    pushed: Option<Pushed>,
+) -> u8 {
     let dry_run = opts.dry_run;
-    let cancel = cancel_on_signals();
+    let cancel = match &pushed {
+        Some(p) => p.cancel.clone(),
+        None => cancel_on_signals(),
+    };
+    let opened = match Opened::open(src, pushed.as_ref(), reach, &cancel) {
+        Ok(o) => o,
+        Err(msg) => {
+            eprintln!("sluice: error: {msg}");
+            return 2;
+        }
+    };
     let stats = Arc::new(ImageStats::default());
     let printer = Printer::new(show.json);
     let start = Instant::now();
@@ -50,14 +78,25 @@ pub fn run_with(src: &Path, dst: &Path, opts: ImageOptions, show: &Show) -> Exit
             image_tick(&stats, start.elapsed())
         })
     });
-    let result =
-        sluice_engine::image::image(src, dst, opts, stats.clone(), printer.clone(), cancel);
+    let result = sluice_engine::image::image_from(
+        &opened.source,
+        &opened.path,
+        dst,
+        opts,
+        stats.clone(),
+        printer.clone(),
+        cancel,
+    );
+    let lost = opened.close();
     done.store(true, Relaxed);
     if let Some(t) = ticker {
         let _ = t.join();
     }
     let elapsed = start.elapsed();
     let (code, outcome) = match &result {
+        // The connection dropped: the job stopped as for a signal, the map
+        // recording what landed; that is a failure, not an interruption.
+        _ if lost.is_some() => (2, "failed"),
         Ok((Outcome::Complete, _)) => (0, "complete"),
         Ok((Outcome::Partial, _)) => (1, "partial"),
         Ok((Outcome::Interrupted, _)) => (130, "interrupted"),
@@ -73,6 +112,11 @@ pub fn run_with(src: &Path, dst: &Path, opts: ImageOptions, show: &Show) -> Exit
                 eprintln!("sluice: the chunk map records what landed; run the same command again to finish");
             }
         }
+        Ok((Outcome::Interrupted, _)) if lost.is_some() => eprintln!(
+            "sluice: error: the connection to SRC's host was lost ({}); run the same command \
+             again to finish",
+            lost.as_deref().unwrap_or_default()
+        ),
         Ok((Outcome::Interrupted, _)) => {
             eprintln!(
                 "sluice: interrupted {}; run the same command again to finish",
@@ -90,7 +134,7 @@ pub fn run_with(src: &Path, dst: &Path, opts: ImageOptions, show: &Show) -> Exit
     } else if let Some(r) = report {
         print!("{}", summary_table(&stats, r, elapsed, dry_run));
     }
-    ExitCode::from(code)
+    code
 }
 
 fn image_tick(s: &ImageStats, elapsed: Duration) -> Tick {

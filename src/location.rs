@@ -62,7 +62,7 @@ impl Location {
 }
 
 /// The sides a command may not have on another host yet: both sides of
-/// a copy, a copy with several sources, and every side of `image`,
+/// a copy or image, a copy with several sources, and every side of
 /// `watch` and `probe`. A remote-looking path is never taken as a local
 /// directory called `host:` (that would "succeed" and leave the data on
 /// the wrong machine).

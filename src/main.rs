@@ -68,7 +68,7 @@ fn print_out(text: &[u8]) -> ExitCode {
     }
 }
 
-/// Runs `copy`, `sync` or `verify` of files (`None` for any other
+/// Runs `copy`, `sync`, `verify` of files or `image` (`None` for any other
 /// command); `pushed` when `sluice serve` runs a client's copy to here.
 fn job_command(command: &args::Command, pushed: Option<output::Pushed>) -> Option<u8> {
     Some(match command {
@@ -85,6 +85,7 @@ fn job_command(command: &args::Command, pushed: Option<output::Pushed>) -> Optio
         args::Command::Verify(c) if !image::is_image_pair(&c.job.src, &c.job.dst) => {
             output::run_job(&c.job, Kind::Verify, c.options(), pushed)
         }
+        args::Command::Image(c) => image::run(c, pushed),
         _ => return None,
     })
 }
@@ -127,7 +128,10 @@ fn main() -> ExitCode {
     };
     let pulls = matches!(
         cli.command,
-        args::Command::Copy(_) | args::Command::Sync(_) | args::Command::Verify(_)
+        args::Command::Copy(_)
+            | args::Command::Sync(_)
+            | args::Command::Verify(_)
+            | args::Command::Image(_)
     );
     if let Err(msg) = location::refuse_remote(&cli.command.paths(), pulls) {
         eprintln!("sluice: error: {msg}");
@@ -137,12 +141,20 @@ fn main() -> ExitCode {
         return ExitCode::from(code);
     }
     match cli.command {
-        args::Command::Copy(_) | args::Command::Sync(_) => unreachable!("run above"),
+        args::Command::Copy(_) | args::Command::Sync(_) | args::Command::Image(_) => {
+            unreachable!("run above")
+        }
         args::Command::Probe(c) => probe::run(&c),
-        args::Command::Image(c) => image::run(&c),
         args::Command::Watch(c) => watch::run(&c),
         args::Command::Verify(c) if image::is_image_pair(&c.job.src, &c.job.dst) => {
-            image::run_with(&c.job.src, &c.job.dst, c.image_options(), &c.job.show)
+            ExitCode::from(image::run_with(
+                &c.job.src,
+                &c.job.dst,
+                c.image_options(),
+                &c.job.show,
+                &c.job.remote,
+                None,
+            ))
         }
         args::Command::Verify(_) => unreachable!("run above"),
         args::Command::Completions { shell } => {

@@ -3,11 +3,12 @@
 
 use crate::args::JobArgs;
 use crate::location::Location;
+use crate::remote::Opened;
 use crate::size::human_bytes;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use sluice_engine::gauge::Busy;
-use sluice_engine::source::{LocalSource, Source};
+
 use sluice_engine::{
     escape, CopyOptions, EntryError, JobError, Outcome, Reporter, Side, Stats, Summary,
 };
@@ -267,46 +268,24 @@ pub fn run_job(
     for (src, dst) in &pairs {
         // Where SRC is read from: this host, the client of a push, or a
         // `sluice serve` started on SRC's host (the engine runs here).
-        let (source, path, session) = match (&pushed, Location::parse(src.as_os_str())) {
-            (Some(p), _) => (p.source.clone(), src.clone(), None),
-            (None, Location::Local(_)) => {
-                let local: Arc<dyn Source> = Arc::new(LocalSource);
-                (local, src.clone(), None)
-            }
-            (None, Location::Remote { user, host, path }) => {
-                let login = Location::login(&user, &host);
-                let reach = crate::remote::Reach {
-                    rsh: &args.rsh,
-                    remote_path: &args.remote_path,
-                };
-                let on_lost = {
-                    let cancel = cancel.clone();
-                    move || cancel.store(true, Relaxed)
-                };
-                let ignore: sluice_remote::Handler = Box::new(|_, _| {});
-                match crate::remote::Session::start(&login, &reach, on_lost, ignore) {
-                    Ok(s) => (s.source.clone(), path, Some(s)),
-                    Err(msg) => {
-                        done.store(true, Relaxed);
-                        eprintln!("sluice: error: {msg}");
-                        return 2;
-                    }
-                }
+        let opened = match Opened::open(src, pushed.as_ref(), &args.remote, &cancel) {
+            Ok(o) => o,
+            Err(msg) => {
+                done.store(true, Relaxed);
+                eprintln!("sluice: error: {msg}");
+                return 2;
             }
         };
         let one = sluice_engine::copy_from(
-            &source,
-            &path,
+            &opened.source,
+            &opened.path,
             dst,
             opts.clone(),
             stats.clone(),
             printer.clone(),
             cancel.clone(),
         );
-        if let Some(session) = session {
-            lost = session.lost();
-            session.close();
-        }
+        lost = opened.close();
         // (an earlier Err or Interrupted broke the loop already)
         result = match (result, one) {
             (Ok(Outcome::Partial), Ok(Outcome::Complete)) => Ok(Outcome::Partial),

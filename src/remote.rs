@@ -2,7 +2,10 @@
 //! start `sluice serve --stdio` on the other host, so `~/.ssh/config`,
 //! agents, ProxyJump and known_hosts work as they do for rsync.
 
-use crate::args::JobArgs;
+use crate::args::{JobArgs, RemoteArgs, Show};
+use crate::location::Location;
+use crate::output::Pushed;
+use sluice_engine::source::LocalSource;
 use sluice_engine::source::Source;
 use sluice_remote::wire::Msg;
 use sluice_remote::{ConnectError, Handler, Peer, RemoteSource};
@@ -19,20 +22,13 @@ pub struct Session {
     pub source: Arc<dyn Source>,
 }
 
-/// How the far end is reached: the remote shell command and the remote
-/// binary.
-pub struct Reach<'a> {
-    pub rsh: &'a str,
-    pub remote_path: &'a str,
-}
-
 impl Session {
     /// Starts `sluice serve --stdio` as `login` (`[user@]host`) and trades
     /// handshakes. `on_lost` is called if the connection drops mid-job;
     /// `handler` gets what a job running over there sends (a push).
     pub fn start(
         login: &str,
-        reach: &Reach,
+        reach: &RemoteArgs,
         on_lost: impl Fn() + Send + Sync + 'static,
         handler: Handler,
     ) -> Result<Session, String> {
@@ -43,7 +39,7 @@ impl Session {
         let mut cmd = Command::new(program);
         cmd.args(words)
             .arg(login)
-            .arg(reach.remote_path)
+            .arg(&reach.remote_path)
             .args(["serve", "--stdio"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -124,6 +120,19 @@ pub fn push(args: &JobArgs, login: &str, path: &std::path::Path) -> u8 {
         );
         return 2;
     }
+    push_command(&args.remote, &args.show, &args.dst, login, path)
+}
+
+/// Runs this command line on the other host, DST (`dst` here, `path`
+/// there) being over there; what it prints comes back. Returns its exit
+/// code.
+pub fn push_command(
+    reach: &RemoteArgs,
+    show: &Show,
+    dst: &std::path::Path,
+    login: &str,
+    path: &std::path::Path,
+) -> u8 {
     let cancel = crate::output::cancel_on_signals();
     let (tx, rx) = mpsc::channel();
     let lost = {
@@ -142,11 +151,7 @@ pub fn push(args: &JobArgs, login: &str, path: &std::path::Path) -> u8 {
         }
         _ => {}
     });
-    let reach = Reach {
-        rsh: &args.rsh,
-        remote_path: &args.remote_path,
-    };
-    let session = match Session::start(login, &reach, lost, handler) {
+    let session = match Session::start(login, reach, lost, handler) {
         Ok(s) => s,
         Err(msg) => {
             eprintln!("sluice: error: {msg}");
@@ -158,13 +163,13 @@ pub fn push(args: &JobArgs, login: &str, path: &std::path::Path) -> u8 {
     let mut argv: Vec<Vec<u8>> = std::env::args_os()
         .map(std::os::unix::ffi::OsStringExt::into_vec)
         .collect();
-    let dst = args.dst.as_os_str().as_encoded_bytes();
+    let dst = dst.as_os_str().as_encoded_bytes();
     if let Some(last) = argv.iter_mut().rev().find(|a| a.as_slice() == dst) {
         *last = path.as_os_str().as_encoded_bytes().to_vec();
     }
     // Its stderr reaches this terminal through ssh but is no terminal
     // itself: where this side would draw a bar, it prints progress lines.
-    if args.show.bar() && !args.show.progress {
+    if show.bar() && !show.progress {
         argv.push(b"--progress".to_vec());
     }
     session.conn.send(0, &Msg::Job(argv));
@@ -191,4 +196,57 @@ pub fn push(args: &JobArgs, login: &str, path: &std::path::Path) -> u8 {
     };
     session.close();
     code
+}
+
+/// SRC of a job run here, opened: on this host, the client's of a push,
+/// or on the host `src` names, through a `sluice serve` started there
+/// (which `close` ends once the job is done).
+pub struct Opened {
+    pub source: Arc<dyn Source>,
+    /// SRC's path where `source` is.
+    pub path: std::path::PathBuf,
+    pub session: Option<Session>,
+}
+
+impl Opened {
+    /// Where SRC is read from. A connection that drops sets `cancel`, so
+    /// the job stops as for a signal, its state saved.
+    pub fn open(
+        src: &std::path::Path,
+        pushed: Option<&Pushed>,
+        reach: &RemoteArgs,
+        cancel: &Arc<std::sync::atomic::AtomicBool>,
+    ) -> Result<Opened, String> {
+        let (source, path, session) = match (pushed, Location::parse(src.as_os_str())) {
+            (Some(p), _) => (p.source.clone(), src.to_owned(), None),
+            (None, Location::Local(_)) => {
+                let local: Arc<dyn Source> = Arc::new(LocalSource);
+                (local, src.to_owned(), None)
+            }
+            (None, Location::Remote { user, host, path }) => {
+                let login = Location::login(&user, &host);
+                let on_lost = {
+                    let cancel = cancel.clone();
+                    move || cancel.store(true, Relaxed)
+                };
+                let ignore: Handler = Box::new(|_, _| {});
+                let s = Session::start(&login, reach, on_lost, ignore)?;
+                (s.source.clone(), path, Some(s))
+            }
+        };
+        Ok(Opened {
+            source,
+            path,
+            session,
+        })
+    }
+
+    /// Ends the session, if any; returns why its connection dropped, if it
+    /// did.
+    pub fn close(self) -> Option<String> {
+        let session = self.session?;
+        let lost = session.lost();
+        session.close();
+        lost
+    }
 }

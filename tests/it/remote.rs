@@ -379,3 +379,71 @@ fn a_push_stops_cleanly_when_interrupted_or_cut_and_resumes() {
     assert_same_tree(&src, &dst);
     assert_no_temporaries(&dst);
 }
+
+/// A 40 MiB image (ten 4 MiB chunks, one of them zeros) with `seed`'s data.
+fn image_file(path: &Path, seed: u64) -> Vec<u8> {
+    let mut data = bytes(40 << 20, seed);
+    data[(8 << 20)..(12 << 20)].fill(0);
+    write(path, &data);
+    data
+}
+
+#[test]
+fn an_image_pulled_or_pushed_moves_only_the_chunks_that_changed() {
+    let t = disk_dir("remote-image");
+    let rsh = fake_ssh(t.path());
+    let src = t.path().join("disk.img");
+    let mut data = image_file(&src, 11);
+    let dst = t.path().join("pulled.img");
+    let pushed = t.path().join("pushed.img");
+    let json = ["--json"];
+    // A first copy each way moves every chunk that is not zeros.
+    let pull = |args: &[&str]| {
+        let out = run_remote("image", &rsh, &src, &dst, args);
+        ok(&out);
+        summary(&out)
+    };
+    let push_it = |args: &[&str]| {
+        let out = push("image", &rsh, &src, &pushed, args).output().unwrap();
+        ok(&out);
+        summary(&out)
+    };
+    for s in [pull(&json), push_it(&json)] {
+        assert_eq!(s["mode"], "full", "{s}");
+        assert_eq!(s["chunks_written"], 9, "{s}");
+        assert_eq!(s["bytes_read"], 40 << 20, "{s}");
+    }
+    assert_eq!(fs::read(&dst).unwrap(), data);
+    assert_eq!(fs::read(&pushed).unwrap(), data);
+    assert!(dst.with_file_name("pulled.img.sluice-map").exists());
+    // One chunk changes: the map's digests are compared with ones the
+    // source's end computes, and only that chunk's bytes cross.
+    data[(21 << 20)..(21 << 20) + 100].fill(7);
+    write(&src, &data);
+    for s in [pull(&json), push_it(&json)] {
+        assert_eq!(s["mode"], "incremental", "{s}");
+        assert_eq!(s["chunks_written"], 1, "{s}");
+        assert_eq!(s["chunks_unchanged"], 9, "{s}");
+        assert_eq!(s["bytes_read"], 4 << 20, "{s}");
+    }
+    assert_eq!(fs::read(&dst).unwrap(), data);
+    assert_eq!(fs::read(&pushed).unwrap(), data);
+    // Without the map (--rehash), DST is compared by digests at both ends:
+    // a chunk changed behind sluice's back is found and only it crosses.
+    let mut behind = data.clone();
+    behind[(30 << 20) + 5] ^= 1;
+    write(&dst, &behind);
+    let s = pull(&["--json", "--rehash"]);
+    assert_eq!(s["mode"], "compare", "{s}");
+    assert_eq!(s["chunks_written"], 1, "{s}");
+    assert_eq!(s["bytes_read"], 4 << 20, "{s}");
+    assert_eq!(fs::read(&dst).unwrap(), data);
+    // What is not a file or device is refused by the far end, by name.
+    let out = run_remote("image", &rsh, t.path(), &t.path().join("x.img"), &[]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("neither a block device nor a file"),
+        "{}",
+        stderr(&out)
+    );
+}

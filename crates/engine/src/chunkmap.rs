@@ -28,7 +28,13 @@ pub const ZERO: u128 = 1;
 
 /// The map's hash of a chunk's data (never one of the reserved values).
 pub fn hash_of(data: &[u8]) -> u128 {
-    match xxhash_rust::xxh3::xxh3_128(data) {
+    hash_of_raw(xxhash_rust::xxh3::xxh3_128(data))
+}
+
+/// [`hash_of`] from the xxh3-128 of the data (computed elsewhere: by the
+/// far end of a wire).
+pub fn hash_of_raw(h: u128) -> u128 {
+    match h {
         UNKNOWN | ZERO => 2,
         h => h,
     }

@@ -19,10 +19,14 @@
 //! into place when complete; later runs patch DST in place (that is the
 //! point of an incremental), with the map telling which chunks are done.
 
-use crate::chunkmap::{extent_sigs, hash_of, ChunkMap, Header, Ident, Record, UNKNOWN, ZERO};
+use crate::chunkmap::{
+    extent_sigs, hash_of, hash_of_raw, ChunkMap, Header, Ident, Record, UNKNOWN, ZERO,
+};
 use crate::error::{EntryError, JobError, Reason, Side};
 use crate::gauge::{Activity, Busy, Gauge};
+use crate::hash::HashKind;
 use crate::options::{Outcome, Reporter};
+use crate::source::{LocalSource, Source, SrcFile};
 use crate::throttle::Throttle;
 use sluice_sys::{AlignedBuf, Errno, FileType, Stat, DIRECT_ALIGN};
 use std::ffi::CString;
@@ -180,84 +184,46 @@ pub fn default_map_path(dst: &Path, device: bool) -> PathBuf {
     ))
 }
 
-/// Where `dev` (major, minor) or `path` is mounted, and whether read-write,
-/// from `/proc/self/mountinfo`: by device number, or by the mount's source
-/// path (btrfs reports an anonymous device number).
-pub fn mount_of(dev: (u32, u32), path: &Path) -> Option<(String, bool)> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let want = format!("{}:{}", dev.0, dev.1);
-    let real = path.canonicalize().ok();
-    let mut found = None;
-    for line in info.lines() {
-        let f: Vec<&str> = line.split(' ').collect();
-        let Some(sep) = f.iter().position(|&x| x == "-") else {
-            continue;
-        };
-        let (Some(num), Some(point), Some(opts), Some(source)) =
-            (f.get(2), f.get(4), f.get(5), f.get(sep + 2))
-        else {
-            continue;
-        };
-        let by_source = real.is_some()
-            && source.starts_with('/')
-            && Path::new(source).canonicalize().ok() == real;
-        if *num == want || by_source {
-            let rw = opts.split(',').any(|o| o == "rw");
-            // A read-write mount anywhere is what matters.
-            if rw || found.is_none() {
-                found = Some((point.to_string(), rw));
-            }
-        }
-    }
-    found
-}
-
 fn map_err(path: &Path) -> impl Fn(String) -> JobError + '_ {
     move |e| JobError::Usage(format!("chunk map {}: {e}", path.display()))
 }
 
-/// The opened SRC of an image job.
-struct Source {
-    fd: OwnedFd,
+/// The opened SRC of an image job, on this host or across a wire.
+struct Src {
+    source: Arc<dyn Source>,
+    file: SrcFile,
     st: Stat,
     size: u64,
-    /// A regular file with holes: `SEEK_DATA` finds them without reading.
+    /// A local regular file with holes: `SEEK_DATA` finds them without
+    /// reading.
     sparse: bool,
+    /// SRC as messages name it (`host:path` across a wire).
+    name: PathBuf,
 }
 
-fn open_source(src: &Path, opts: &ImageOptions) -> Result<Source, JobError> {
-    let fd = sluice_sys::open_image(src, false, false).map_err(|e| JobError::source(src, e))?;
-    let st = sluice_sys::stat_fd(fd.as_fd()).map_err(|e| JobError::source(src, e))?;
-    let device = match st.file_type() {
-        FileType::BlockDevice => true,
-        FileType::RegularFile => false,
-        _ => {
-            return Err(JobError::Usage(format!(
-                "{} is neither a block device nor a file; `sluice copy` copies trees",
-                src.display()
-            )))
-        }
-    };
-    if device && !opts.allow_mounted && !opts.check {
-        if let Some((point, true)) = mount_of(st.rdev, src) {
-            return Err(JobError::Usage(format!(
-                "{} is mounted read-write on {point}: an image of a live file system is \
-                 inconsistent. Image a snapshot (LVM, btrfs) or freeze it (fsfreeze -f {point}), \
-                 or pass --allow-mounted",
-                src.display()
-            )));
-        }
+impl Src {
+    /// The local descriptor; `None` across a wire.
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.file.fd()
     }
-    let size = if device {
-        sluice_sys::end_of(fd.as_fd()).map_err(|e| JobError::source(src, e))?
-    } else {
-        st.size
-    };
-    Ok(Source {
-        sparse: !device && st.is_sparse(),
-        fd,
-        st,
-        size,
+}
+
+fn open_source(source: &Arc<dyn Source>, src: &Path, opts: &ImageOptions) -> Result<Src, JobError> {
+    let name = source.name(src);
+    // Comparing reads nothing into a live file system: no mount check.
+    let img = source
+        .open_image(src, opts.allow_mounted || opts.check)
+        .map_err(|e| match e.raw_os_error() {
+            Some(_) => JobError::source(&name, e),
+            None => JobError::Usage(e.to_string()),
+        })?;
+    Ok(Src {
+        sparse: img.file.fd().is_some() && !img.device && img.st.is_sparse(),
+        source: source.clone(),
+        file: img.file,
+        st: img.st,
+        size: img.size,
+        name,
     })
 }
 
@@ -415,8 +381,7 @@ const UNIT_BYTES: u64 = 64 << 20;
 /// What every stream shares.
 struct Run<'a> {
     opts: &'a ImageOptions,
-    src: &'a Source,
-    src_path: &'a Path,
+    src: &'a Src,
     dst: Option<&'a OwnedFd>,
     dst_path: &'a Path,
     dst_device: bool,
@@ -441,6 +406,8 @@ struct Run<'a> {
     gauge: Gauge,
     throttle: Option<Throttle>,
     direct_dst: bool,
+    /// xxh3-128 of a whole chunk of zeros (see [`Run::zero_hash`]).
+    zero_full: u128,
     /// The first DST failure: it stops the job.
     fatal: Mutex<Option<EntryError>>,
     records: Records,
@@ -564,7 +531,7 @@ impl Run<'_> {
 
     fn err(&self, side: Side, op: &'static str, i: u64, e: Errno) -> EntryError {
         let path = match side {
-            Side::Src => self.src_path,
+            Side::Src => &self.src.name,
             Side::Dst => self.dst_path,
         };
         let (off, _) = self.chunk_range(i);
@@ -590,12 +557,113 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Reads `len` bytes of SRC at `off` into `buf`: from the descriptor
+    /// here, or across the wire.
+    fn read_src(&self, buf: &mut [u8], off: u64, len: usize) -> Result<(), Errno> {
+        if let Some(fd) = self.src.fd() {
+            return self.read(fd, buf, off, len);
+        }
+        let mut at = 0;
+        while at < len {
+            let n = self
+                .src
+                .source
+                .read_at(&self.src.file, &mut buf[at..len], off + at as u64)?;
+            if n == 0 {
+                return Err(Errno::NODATA);
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// For SRC across a wire, before its data is fetched: whether the
+    /// chunk is what DST already has, by a digest the far end computes
+    /// (only the digest crosses). `Some` when that settles the chunk;
+    /// `None` when its data must come over (a first copy asks nothing).
+    fn far_same(
+        &self,
+        id: usize,
+        i: u64,
+        old: u128,
+        sig: u64,
+        old_sig: u64,
+        dbuf: Option<&mut [u8]>,
+    ) -> Result<Option<Done>, EntryError> {
+        let (off, len) = self.chunk_range(i);
+        let compare = matches!(self.mode, ImageMode::Compare | ImageMode::Verify);
+        if !compare && old == UNKNOWN {
+            return Ok(None);
+        }
+        self.gauge.set(id, Activity::Read);
+        let (digest, n) = self
+            .src
+            .source
+            .hash(&self.src.file, off, len as u64, &mut [], HashKind::Xxh3)
+            .map_err(|e| self.err(Side::Src, "hash", i, e))?;
+        if n < len as u64 {
+            return Err(self.err(Side::Src, "hash", i, Errno::NODATA));
+        }
+        let mut theirs = u128::from_le_bytes(digest.0[..16].try_into().expect("16 bytes"));
+        let zero = theirs == self.zero_hash(len);
+        theirs = if zero { ZERO } else { hash_of_raw(theirs) };
+        let same = match (compare, dbuf) {
+            (true, Some(dbuf)) => {
+                let dst = self.dst.expect("compare has a DST");
+                match self.read(dst.as_fd(), dbuf, off, len) {
+                    Err(Errno::NODATA) if self.mode == ImageMode::Verify => {
+                        return Ok(Some(Done::Failed))
+                    }
+                    r => r.map_err(|e| self.err(Side::Dst, "read", i, e))?,
+                }
+                self.stats.dst_bytes_read.fetch_add(len as u64, Relaxed);
+                let ours = &dbuf[..len];
+                if zero {
+                    is_zero(ours)
+                } else {
+                    hash_of(ours) == theirs
+                }
+            }
+            _ => old == theirs,
+        };
+        if !same && self.mode == ImageMode::Verify {
+            self.differs(i);
+            return Ok(Some(Done::Failed));
+        }
+        if !same {
+            return Ok(None); // differs: the data comes over
+        }
+        self.stats.bytes_done.fetch_add(len as u64, Relaxed);
+        self.stats.chunks_unchanged.fetch_add(1, Relaxed);
+        Ok(Some(Done::Same(i, theirs, old != theirs || sig != old_sig)))
+    }
+
+    /// Reports chunk `i` different (`sluice verify`).
+    fn differs(&self, i: u64) {
+        let (off, len) = self.chunk_range(i);
+        self.stats.differences.fetch_add(1, Relaxed);
+        self.reporter.entry_differs(
+            Side::Src,
+            self.src.name.as_os_str().as_bytes(),
+            self.dst_path.as_os_str().as_bytes(),
+            &format!("chunk {i} (bytes {off}..{}) differs", off + len as u64),
+        );
+    }
+
+    /// xxh3-128 of `len` zero bytes (a far chunk of zeros is known by it).
+    fn zero_hash(&self, len: usize) -> u128 {
+        if len == self.opts.chunk_size as usize {
+            return self.zero_full;
+        }
+        xxhash_rust::xxh3::xxh3_128(&vec![0u8; len])
+    }
+
     fn chunk(
         &self,
         id: usize,
         i: u64,
         buf: &mut [u8],
-        dbuf: Option<&mut [u8]>,
+        mut dbuf: Option<&mut [u8]>,
         unit_wrote: bool,
     ) -> Result<Done, EntryError> {
         let (off, len) = self.chunk_range(i);
@@ -610,10 +678,17 @@ impl Run<'_> {
             self.stats.chunks_unchanged.fetch_add(1, Relaxed);
             return Ok(Done::Same(i, old, false));
         }
-        let hole = self.src.sparse
-            && sluice_sys::next_data(self.src.fd.as_fd(), off)
+        let hole = match self.src.fd() {
+            Some(fd) if self.src.sparse => sluice_sys::next_data(fd, off)
                 .map_err(|e| self.err(Side::Src, "seek", i, e))?
-                .is_none_or(|d| d >= off + len as u64);
+                .is_none_or(|d| d >= off + len as u64),
+            _ => false,
+        };
+        if self.src.fd().is_none() {
+            if let Some(done) = self.far_same(id, i, old, sig, old_sig, dbuf.as_deref_mut())? {
+                return Ok(done);
+            }
+        }
         let zero = if hole {
             true
         } else {
@@ -621,7 +696,7 @@ impl Run<'_> {
                 t.take(len as u64);
             }
             self.gauge.set(id, Activity::Read);
-            self.read(self.src.fd.as_fd(), buf, off, len)
+            self.read_src(buf, off, len)
                 .map_err(|e| self.err(Side::Src, "read", i, e))?;
             self.stats.bytes_read.fetch_add(len as u64, Relaxed);
             is_zero(&buf[..len])
@@ -660,13 +735,7 @@ impl Run<'_> {
             return Ok(Done::Same(i, hash, old != hash || sig != old_sig));
         }
         if self.mode == ImageMode::Verify {
-            self.stats.differences.fetch_add(1, Relaxed);
-            self.reporter.entry_differs(
-                Side::Src,
-                self.src_path.as_os_str().as_bytes(),
-                self.dst_path.as_os_str().as_bytes(),
-                &format!("chunk {i} (bytes {off}..{}) differs", off + len as u64),
-            );
+            self.differs(i);
             return Ok(Done::Failed);
         }
         self.stats.chunks_written.fetch_add(1, Relaxed);
@@ -767,14 +836,31 @@ pub fn image(
     reporter: Arc<dyn Reporter>,
     cancel: Arc<AtomicBool>,
 ) -> Result<(Outcome, ImageReport), JobError> {
+    let local: Arc<dyn Source> = Arc::new(LocalSource);
+    image_from(&local, src, dst, opts, stats, reporter, cancel)
+}
+
+/// [`image`] from any [`Source`] (`src` is SRC's path there): the job runs
+/// here, where DST is. Across a wire a chunk DST may already have is
+/// compared by digests computed at each end; only chunks that differ (or
+/// all, on a first copy) cross.
+pub fn image_from(
+    source: &Arc<dyn Source>,
+    src: &Path,
+    dst: &Path,
+    opts: ImageOptions,
+    stats: Arc<ImageStats>,
+    reporter: Arc<dyn Reporter>,
+    cancel: Arc<AtomicBool>,
+) -> Result<(Outcome, ImageReport), JobError> {
     if opts.chunk_size == 0 || !opts.chunk_size.is_multiple_of(DIRECT_ALIGN as u64) {
         return Err(JobError::Usage(format!(
             "--chunk-size must be a multiple of {DIRECT_ALIGN} bytes"
         )));
     }
-    let source = open_source(src, &opts)?;
+    let source = open_source(source, src, &opts)?;
     let dst_path = final_path(src, dst);
-    if dst_path.canonicalize().ok() == src.canonicalize().ok() {
+    if source.source.is_local() && dst_path.canonicalize().ok() == src.canonicalize().ok() {
         return Err(JobError::Usage(format!(
             "source {} and destination {} are the same",
             src.display(),
@@ -889,7 +975,7 @@ pub fn image(
             stats.differences.fetch_add(1, Relaxed);
             reporter.entry_differs(
                 Side::Dst,
-                src.as_os_str().as_bytes(),
+                source.name.as_os_str().as_bytes(),
                 dst_path.as_os_str().as_bytes(),
                 &format!("{size} bytes in SRC, {} in DST", d.size),
             );
@@ -913,12 +999,15 @@ pub fn image(
     // On btrfs every write lands in new extents: a chunk whose extents are
     // those it was last read from holds the same data, and need not be
     // read. (ext4, xfs overwrite in place: no such proof, SRC is read.)
-    let sigs = (!opts.check
-        && source.st.file_type() == FileType::RegularFile
-        && sluice_sys::extents::moves_on_write(source.fd.as_fd()))
-    .then(|| sluice_sys::extents::extents(source.fd.as_fd()).ok())
-    .flatten()
-    .map(|e| extent_sigs(&e, size, opts.chunk_size));
+    let sigs = source
+        .fd()
+        .filter(|&fd| {
+            !opts.check
+                && source.st.file_type() == FileType::RegularFile
+                && sluice_sys::extents::moves_on_write(fd)
+        })
+        .and_then(|fd| sluice_sys::extents::extents(fd).ok())
+        .map(|e| extent_sigs(&e, size, opts.chunk_size));
     let report = |busy| ImageReport {
         mode,
         generation,
@@ -969,12 +1058,13 @@ pub fn image(
 
     // Where a file system refuses O_DIRECT, that side stays buffered.
     let direct = |fd: BorrowedFd<'_>| opts.direct && sluice_sys::set_direct(fd, true).is_ok();
-    direct(source.fd.as_fd());
+    if let Some(fd) = source.fd() {
+        direct(fd);
+    }
     let direct_dst = dst_fd.is_some_and(|fd| direct(fd.as_fd()));
     let run = Run {
         opts: &opts,
         src: &source,
-        src_path: src,
         dst: dst_fd,
         dst_path: &dst_path,
         dst_device: device_dst,
@@ -994,6 +1084,7 @@ pub fn image(
             .bwlimit
             .map(|r| Throttle::new(r, [cancel.clone(), Arc::default()])),
         direct_dst,
+        zero_full: xxhash_rust::xxh3::xxh3_128(&vec![0u8; opts.chunk_size as usize]),
         fatal: Mutex::new(None),
         records: Records::new(writes && map.is_some(), jobs),
     };
@@ -1050,7 +1141,7 @@ pub fn image(
                 .map_err(|e| JobError::destination(&dst_path, e))?;
             let _ = sluice_sys::sync(dir.as_fd());
         }
-        let src_now = sluice_sys::stat_fd(source.fd.as_fd()).ok();
+        let src_now = source.source.stat_file(&source.file).ok();
         let src_still = src_now.is_some_and(|st| Ident::of(&st, size) == src_ident);
         let src = if src_still {
             src_ident.clone()

@@ -15,7 +15,7 @@
 //! [`SrcDir::fd`]; a far handle has none and is read through the trait.
 
 use crate::hash::{Digest, HashKind};
-use sluice_sys::{Errno, FsKind, Stat, XattrSet};
+use sluice_sys::{Errno, FileType, FsKind, Stat, XattrSet};
 use sluice_walk::DirStream;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -154,11 +154,24 @@ pub enum SrcRoot {
     },
 }
 
+/// SRC of `sluice image`, opened: a block device or a regular file.
+pub struct ImageSrc {
+    pub file: SrcFile,
+    pub st: Stat,
+    /// Bytes to image: a device's size, a file's length.
+    pub size: u64,
+    pub device: bool,
+}
+
 /// What the engine asks of SRC. Names are single components (the sys
 /// layer refuses anything else); nothing here writes.
 pub trait Source: Send + Sync {
     /// Opens SRC's root, following a symlink there (the user named it).
     fn open_root(&self, path: &Path) -> Result<SrcRoot, std::io::Error>;
+    /// Opens SRC of `sluice image`: a block device (refused while mounted
+    /// read-write, unless `allow_mounted`) or a regular file. A refusal
+    /// that is no errno comes as an error whose text says why.
+    fn open_image(&self, path: &Path, allow_mounted: bool) -> Result<ImageSrc, std::io::Error>;
     /// Whether paths of this source are on this machine (so a DST inside
     /// SRC, or the same file on both sides, is a question to ask).
     fn is_local(&self) -> bool;
@@ -250,6 +263,42 @@ impl Source for LocalSource {
             name,
             st,
             real,
+        })
+    }
+
+    fn open_image(&self, path: &Path, allow_mounted: bool) -> Result<ImageSrc, std::io::Error> {
+        let fd = sluice_sys::open_image(path, false, false)?;
+        let st = sluice_sys::stat_fd(fd.as_fd())?;
+        let device = match st.file_type() {
+            FileType::BlockDevice => true,
+            FileType::RegularFile => false,
+            _ => {
+                return Err(std::io::Error::other(format!(
+                    "{} is neither a block device nor a file; `sluice copy` copies trees",
+                    path.display()
+                )))
+            }
+        };
+        if device && !allow_mounted {
+            if let Some((point, true)) = mount_of(st.rdev, path) {
+                return Err(std::io::Error::other(format!(
+                    "{} is mounted read-write on {point}: an image of a live file system is \
+                     inconsistent. Image a snapshot (LVM, btrfs) or freeze it (fsfreeze -f \
+                     {point}), or pass --allow-mounted",
+                    path.display()
+                )));
+            }
+        }
+        let size = if device {
+            sluice_sys::end_of(fd.as_fd())?
+        } else {
+            st.size
+        };
+        Ok(ImageSrc {
+            file: SrcFile(Handle::Local(fd)),
+            st,
+            size,
+            device,
         })
     }
 
@@ -365,4 +414,36 @@ pub fn has_xattr(source: &dyn Source, src: Open<'_>, name: &CStr) -> bool {
             .xattrs(src, XattrSet::All)
             .is_ok_and(|attrs| attrs.iter().any(|(n, _)| n.as_c_str() == name)),
     }
+}
+
+/// Where `dev` (major, minor) or `path` is mounted, and whether read-write,
+/// from `/proc/self/mountinfo`: by device number, or by the mount's source
+/// path (btrfs reports an anonymous device number).
+pub fn mount_of(dev: (u32, u32), path: &Path) -> Option<(String, bool)> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = format!("{}:{}", dev.0, dev.1);
+    let real = path.canonicalize().ok();
+    let mut found = None;
+    for line in info.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let Some(sep) = f.iter().position(|&x| x == "-") else {
+            continue;
+        };
+        let (Some(num), Some(point), Some(opts), Some(source)) =
+            (f.get(2), f.get(4), f.get(5), f.get(sep + 2))
+        else {
+            continue;
+        };
+        let by_source = real.is_some()
+            && source.starts_with('/')
+            && Path::new(source).canonicalize().ok() == real;
+        if *num == want || by_source {
+            let rw = opts.split(',').any(|o| o == "rw");
+            // A read-write mount anywhere is what matters.
+            if rw || found.is_none() {
+                found = Some((point.to_string(), rw));
+            }
+        }
+    }
+    found
 }

@@ -9,7 +9,9 @@
 use crate::peer::{handshake, ConnectError, Handler, Peer};
 use crate::wire::{self, Inline, Reply, Request, Root};
 use sluice_engine::hash::{Digest, HashKind};
-use sluice_engine::source::{Each, Far, Open, Release, Source, SrcDir, SrcFile, SrcRoot, Xattrs};
+use sluice_engine::source::{
+    Each, Far, ImageSrc, Open, Release, Source, SrcDir, SrcFile, SrcRoot, Xattrs,
+};
 use sluice_sys::{Errno, FsKind, Stat, XattrSet};
 use sluice_walk::DirStream;
 use std::collections::{HashMap, HashSet};
@@ -179,6 +181,29 @@ impl Source for RemoteSource {
                 name: CString::new(name).map_err(io::Error::other)?,
                 st,
                 real: PathBuf::from(OsStr::from_bytes(&real)),
+            }),
+            Reply::RootErr(0, msg) => Err(io::Error::other(msg)),
+            Reply::RootErr(raw, _) => Err(io::Error::from_raw_os_error(raw)),
+            _ => Err(io::Error::from(Errno::PROTO)),
+        }
+    }
+
+    fn open_image(&self, path: &Path, allow_mounted: bool) -> Result<ImageSrc, io::Error> {
+        let req = Request::OpenImage {
+            path: path.as_os_str().as_bytes().to_vec(),
+            allow_mounted,
+        };
+        match self.conn.call(req).map_err(io::Error::from)? {
+            Reply::Image {
+                handle,
+                st,
+                size,
+                device,
+            } => Ok(ImageSrc {
+                file: SrcFile::far(self.far(handle)),
+                st,
+                size,
+                device,
             }),
             Reply::RootErr(0, msg) => Err(io::Error::other(msg)),
             Reply::RootErr(raw, _) => Err(io::Error::from_raw_os_error(raw)),

@@ -511,6 +511,10 @@ impl Answers {
                 return None;
             }
             Request::OpenRoot { path } => return Some(self.open_root(&path)),
+            Request::OpenImage {
+                path,
+                allow_mounted,
+            } => return Some(self.open_image(&path, allow_mounted)),
             other => self.call(other, list, buf),
         };
         Some(res.unwrap_or_else(|e| Reply::Err(e.raw_os_error())))
@@ -531,6 +535,19 @@ impl Answers {
                 st,
                 real: real.into_os_string().into_vec(),
             }),
+            Err(e) => Reply::RootErr(e.raw_os_error().unwrap_or(0), e.to_string()),
+        }
+    }
+
+    fn open_image(&self, path: &[u8], allow_mounted: bool) -> Reply {
+        let path = Path::new(std::ffi::OsStr::from_bytes(path));
+        match LocalSource.open_image(path, allow_mounted) {
+            Ok(img) => Reply::Image {
+                handle: self.keep(Held::File(img.file)),
+                st: img.st,
+                size: img.size,
+                device: img.device,
+            },
             Err(e) => Reply::RootErr(e.raw_os_error().unwrap_or(0), e.to_string()),
         }
     }
@@ -610,7 +627,10 @@ impl Answers {
                 let attrs = src.xattrs(of, set)?;
                 Reply::Xattrs(wire::xattrs_out(attrs))
             }
-            Request::OpenRoot { .. } | Request::Close { .. } | Request::Read { .. } => {
+            Request::OpenRoot { .. }
+            | Request::OpenImage { .. }
+            | Request::Close { .. }
+            | Request::Read { .. } => {
                 unreachable!("answered above, or by answer_read")
             }
         })

@@ -14,7 +14,7 @@ use std::ffi::CString;
 use std::io::{self, Read, Write};
 
 /// Bumped whenever a message changes shape; both ends must agree.
-pub const PROTOCOL: u32 = 1;
+pub const PROTOCOL: u32 = 2;
 
 /// The largest frame either end accepts (a directory of a few hundred
 /// thousand entries, or one read).
@@ -99,6 +99,12 @@ pub enum Request {
     Close {
         handle: u64,
     },
+    /// SRC of `sluice image`: a block device or a regular file (since
+    /// protocol 2).
+    OpenImage {
+        path: Vec<u8>,
+        allow_mounted: bool,
+    },
 }
 
 /// SRC's root: a directory, or a file in a directory.
@@ -178,6 +184,14 @@ pub enum Reply {
     Err(i32),
     /// Opening the root failed: errno (0 when none) and what happened.
     RootErr(i32, String),
+    /// SRC of an image opened: its handle, stat, size (a device's too)
+    /// and whether it is a block device.
+    Image {
+        handle: u64,
+        st: Stat,
+        size: u64,
+        device: bool,
+    },
 }
 
 /// Every frame's message, either way.
