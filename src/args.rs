@@ -330,10 +330,11 @@ pub struct SyncArgs {
 
 #[derive(Args)]
 pub struct ProbeArgs {
-    /// Source directory (its files are read, never changed).
+    /// Source directory (its files are read, never changed);
+    /// [user@]host:PATH on another host.
     pub src: PathBuf,
     /// Destination directory: trials write into a scratch directory in it,
-    /// removed at the end.
+    /// removed at the end; [user@]host:PATH on another host.
     pub dst: PathBuf,
     /// Length of each trial.
     #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
@@ -354,6 +355,8 @@ pub struct ProbeArgs {
     /// later `-j auto` jobs between these file systems start from it.
     #[arg(long)]
     pub save: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 #[derive(Args)]

@@ -30,7 +30,8 @@ pub fn run(args: &ImageArgs, pushed: Option<Pushed>) -> u8 {
     if pushed.is_none() {
         if let Location::Remote { user, host, path } = Location::parse(args.dst.as_os_str()) {
             let login = Location::login(&user, &host);
-            return crate::remote::push_command(&args.remote, &args.show, &args.dst, &login, &path);
+            let progress = args.show.bar() && !args.show.progress;
+            return crate::remote::push_command(&args.remote, progress, &args.dst, &login, &path);
         }
     }
     run_with(&args.src, &args.dst, opts, &args.show, &args.remote, pushed)

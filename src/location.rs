@@ -62,8 +62,8 @@ impl Location {
 }
 
 /// The sides a command may not have on another host yet: both sides of
-/// a copy or image, a copy with several sources, and every side of
-/// `watch` and `probe`. A remote-looking path is never taken as a local
+/// a copy, image or probe, a copy with several sources, and every side of
+/// `watch`. A remote-looking path is never taken as a local
 /// directory called `host:` (that would "succeed" and leave the data on
 /// the wrong machine).
 pub fn refuse_remote(paths: &[&Path], may_be_remote: bool) -> Result<(), String> {

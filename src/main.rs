@@ -68,7 +68,7 @@ fn print_out(text: &[u8]) -> ExitCode {
     }
 }
 
-/// Runs `copy`, `sync`, `verify` of files or `image` (`None` for any other
+/// Runs `copy`, `sync`, `verify` of files, `image` or `probe` (`None` for any other
 /// command); `pushed` when `sluice serve` runs a client's copy to here.
 fn job_command(command: &args::Command, pushed: Option<output::Pushed>) -> Option<u8> {
     Some(match command {
@@ -86,6 +86,7 @@ fn job_command(command: &args::Command, pushed: Option<output::Pushed>) -> Optio
             output::run_job(&c.job, Kind::Verify, c.options(), pushed)
         }
         args::Command::Image(c) => image::run(c, pushed),
+        args::Command::Probe(c) => probe::run(c, pushed),
         _ => return None,
     })
 }
@@ -132,6 +133,7 @@ fn main() -> ExitCode {
             | args::Command::Sync(_)
             | args::Command::Verify(_)
             | args::Command::Image(_)
+            | args::Command::Probe(_)
     );
     if let Err(msg) = location::refuse_remote(&cli.command.paths(), pulls) {
         eprintln!("sluice: error: {msg}");
@@ -141,10 +143,10 @@ fn main() -> ExitCode {
         return ExitCode::from(code);
     }
     match cli.command {
-        args::Command::Copy(_) | args::Command::Sync(_) | args::Command::Image(_) => {
-            unreachable!("run above")
-        }
-        args::Command::Probe(c) => probe::run(&c),
+        args::Command::Copy(_)
+        | args::Command::Sync(_)
+        | args::Command::Image(_)
+        | args::Command::Probe(_) => unreachable!("run above"),
         args::Command::Watch(c) => watch::run(&c),
         args::Command::Verify(c) if image::is_image_pair(&c.job.src, &c.job.dst) => {
             ExitCode::from(image::run_with(

@@ -5,10 +5,13 @@
 //! count for each kind of work, and removes everything it wrote.
 
 use crate::args::ProbeArgs;
+use crate::location::Location;
+use crate::output::Pushed;
+use crate::remote::Opened;
 use serde_json::json;
+use sluice_engine::source::Source;
 use sluice_engine::{CopyOptions, EntryError, Reporter, Stats, DEFAULT_CHUNK};
 use std::path::Path;
-use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,7 +74,50 @@ struct Pick {
     chunk_size: u64,
 }
 
-pub fn run(args: &ProbeArgs) -> ExitCode {
+/// `sluice probe`; `pushed` when `sluice serve` runs a client's probe to
+/// here (its trials write here, reading SRC over there). Returns the exit
+/// code.
+pub fn run(args: &ProbeArgs, pushed: Option<Pushed>) -> u8 {
+    if pushed.is_none() {
+        if let Location::Remote { user, host, path } = Location::parse(args.dst.as_os_str()) {
+            if args.save {
+                eprintln!("sluice: error: {}", NO_SAVE);
+                return 2;
+            }
+            let login = Location::login(&user, &host);
+            return crate::remote::push_command(&args.remote, false, &args.dst, &login, &path);
+        }
+    }
+    let far = pushed.is_some()
+        || matches!(
+            Location::parse(args.src.as_os_str()),
+            Location::Remote { .. }
+        );
+    if far && args.save {
+        eprintln!("sluice: error: {}", NO_SAVE);
+        return 2;
+    }
+    // A connection lost mid-trial fails that trial (its reads fail), which
+    // ends the probe with the error.
+    let unused = Arc::new(AtomicBool::new(false));
+    let opened = match Opened::open(&args.src, pushed.as_ref(), &args.remote, &unused) {
+        Ok(o) => o,
+        Err(msg) => {
+            eprintln!("sluice: error: {msg}");
+            return 2;
+        }
+    };
+    let code = probe(args, &opened.source, &opened.path);
+    opened.close();
+    code
+}
+
+/// Why `--save` is refused across hosts.
+const NO_SAVE: &str = "--save keeps probes per pair of file systems on this host; a probe \
+                       with a side on another host is reported, not saved";
+
+/// Runs the trials, reading SRC (`src` there) through `source`.
+fn probe(args: &ProbeArgs, source: &Arc<dyn Source>, src: &Path) -> u8 {
     let started = Instant::now();
     // A fresh directory (never one planted under its name), removed from
     // descriptors at the end: the probe writes nowhere else in DST.
@@ -80,12 +126,15 @@ pub fn run(args: &ProbeArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => {
             eprintln!("sluice: error: cannot create the probe's scratch directory: {e}");
-            return ExitCode::from(2);
+            return 2;
         }
     };
     let cold = args.cold && sluice_engine::can_drop_caches();
     if args.cold && !cold {
         eprintln!("sluice: --cold needs root to drop the page cache; trials read a warm one");
+    }
+    if cold && !source.is_local() {
+        eprintln!("sluice: --cold drops this host's page cache, not SRC's host's");
     }
     let mut seq = 0;
     let mut picks = Vec::new();
@@ -100,7 +149,7 @@ pub fn run(args: &ProbeArgs) -> ExitCode {
         let mut tried = |n: usize, chunk: u64| {
             seq += 1;
             let out = scratch.join(format!("trial-{seq}"));
-            let t = trial(args, &out, n, chunk, class, cold);
+            let t = trial(args, (source, src), &out, n, chunk, class, cold);
             // Removed at once, and in parallel: on a target with latency
             // per request, removing it one entry at a time took longer than
             // the trials; kept until the end, big files' trials filled the
@@ -213,7 +262,7 @@ pub fn run(args: &ProbeArgs) -> ExitCode {
             ),
             Err(e) => {
                 eprintln!("sluice: error: saving the probe: {e}");
-                return ExitCode::from(2);
+                return 2;
             }
         }
     } else if !args.json {
@@ -236,7 +285,7 @@ pub fn run(args: &ProbeArgs) -> ExitCode {
             println!("use: {c}");
         }
     }
-    ExitCode::SUCCESS
+    0
 }
 
 /// The one command line the probe recommends, or `None` if no trial
@@ -275,6 +324,7 @@ fn quote(p: &Path) -> String {
 /// Copies SRC's files of `class` into `out` for `seconds` at `n` streams.
 fn trial(
     args: &ProbeArgs,
+    (source, src): (&Arc<dyn Source>, &Path),
     out: &Path,
     n: usize,
     chunk_size: u64,
@@ -303,7 +353,8 @@ fn trial(
         ..CopyOptions::default()
     };
     let start = Instant::now();
-    let res = sluice_engine::copy(&args.src, out, opts, stats.clone(), Arc::new(Quiet), cancel);
+    let quiet = Arc::new(Quiet);
+    let res = sluice_engine::copy_from(source, src, out, opts, stats.clone(), quiet, cancel);
     // Until the data is on the disk: a page cache that absorbs two seconds
     // of writes would make every stream count look alike (into a fresh
     // ext4 from tmpfs, 2 streams looked best and were 15% slower in full).

@@ -2,7 +2,7 @@
 //! start `sluice serve --stdio` on the other host, so `~/.ssh/config`,
 //! agents, ProxyJump and known_hosts work as they do for rsync.
 
-use crate::args::{JobArgs, RemoteArgs, Show};
+use crate::args::{JobArgs, RemoteArgs};
 use crate::location::Location;
 use crate::output::Pushed;
 use sluice_engine::source::LocalSource;
@@ -120,15 +120,18 @@ pub fn push(args: &JobArgs, login: &str, path: &std::path::Path) -> u8 {
         );
         return 2;
     }
-    push_command(&args.remote, &args.show, &args.dst, login, path)
+    // Its stderr reaches this terminal through ssh but is no terminal
+    // itself: where this side would draw a bar, it prints progress lines.
+    let progress = args.show.bar() && !args.show.progress;
+    push_command(&args.remote, progress, &args.dst, login, path)
 }
 
 /// Runs this command line on the other host, DST (`dst` here, `path`
-/// there) being over there; what it prints comes back. Returns its exit
-/// code.
+/// there) being over there, with `--progress` added if `progress`; what it
+/// prints comes back. Returns its exit code.
 pub fn push_command(
     reach: &RemoteArgs,
-    show: &Show,
+    progress: bool,
     dst: &std::path::Path,
     login: &str,
     path: &std::path::Path,
@@ -167,9 +170,7 @@ pub fn push_command(
     if let Some(last) = argv.iter_mut().rev().find(|a| a.as_slice() == dst) {
         *last = path.as_os_str().as_encoded_bytes().to_vec();
     }
-    // Its stderr reaches this terminal through ssh but is no terminal
-    // itself: where this side would draw a bar, it prints progress lines.
-    if show.bar() && !show.progress {
+    if progress {
         argv.push(b"--progress".to_vec());
     }
     session.conn.send(0, &Msg::Job(argv));

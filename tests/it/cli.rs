@@ -488,9 +488,9 @@ fn a_remote_looking_path_is_never_a_local_directory() {
     };
     // Each side, each command: refused with exit 2 and a word on how to
     // write a local path with a colon; nothing created in the cwd.
-    // (One remote side of copy, sync, verify or image is reached:
+    // (One remote side of copy, sync, verify, image or probe is reached:
     // tests/it/remote.rs. Both sides remote, several sources with a
-    // remote side, or a remote side of watch and probe, are not.)
+    // remote side, or a remote side of watch, are not.)
     for args in [
         &["copy", "h:/d", "user@host:/x"][..],
         &["sync", "--delete", "h:d", "host:x"],
@@ -499,7 +499,7 @@ fn a_remote_looking_path_is_never_a_local_directory() {
         &["watch", "d", "h:"],
         &["watch", "h:/d", "d"],
         &["image", "h:/dev/sda", "k:x.img"],
-        &["probe", "h:/d", "x"],
+        &["probe", "h:/d", "k:x"],
     ] {
         let out = run(args);
         assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));

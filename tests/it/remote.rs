@@ -447,3 +447,65 @@ fn an_image_pulled_or_pushed_moves_only_the_chunks_that_changed() {
         stderr(&out)
     );
 }
+
+#[test]
+fn a_probe_reaches_another_host_either_way_and_leaves_nothing() {
+    let t = disk_dir("remote-probe");
+    let rsh = fake_ssh(t.path());
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    for i in 0..200 {
+        write(&src.join(format!("s/f{i}")), &bytes(2000, i));
+    }
+    write(&src.join("big"), &bytes(6 << 20, 9));
+    fs::create_dir_all(&dst).unwrap();
+    // (probe draws no bar: no --no-progress, as the helpers above add)
+    let probe = |src: String, dst: String, more: &[&str]| {
+        sluice()
+            .args(["probe", &src, &dst, "-e"])
+            .arg(&rsh)
+            .args(["--remote-path", env!("CARGO_BIN_EXE_sluice")])
+            .args(more)
+            .output()
+            .unwrap()
+    };
+    let (far_src, far_dst) = (
+        format!("somehost:{}", src.display()),
+        format!("somehost:{}", dst.display()),
+    );
+    let (here_src, here_dst) = (src.display().to_string(), dst.display().to_string());
+    let args = ["--seconds", "0.3", "--json"];
+    let pulled = probe(far_src.clone(), here_dst.clone(), &args);
+    let pushed = probe(here_src, far_dst, &args);
+    for out in [pulled, pushed] {
+        ok(&out);
+        let lines = stdout(&out);
+        let events: Vec<serde_json::Value> = lines
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        // Trials copied files of both kinds across the connection, and
+        // each kind got a recommendation.
+        let best = |class: &str, what: &str| {
+            events
+                .iter()
+                .filter(|e| e["type"] == "probe" && e["class"].as_str().unwrap().starts_with(class))
+                .map(|e| e[what].as_f64().unwrap())
+                .fold(0.0, f64::max)
+        };
+        assert!(best("small", "files_per_s") > 0.0, "{lines}");
+        assert!(best("big", "bytes_per_s") > 0.0, "{lines}");
+        let picks = events
+            .iter()
+            .filter(|e| e["type"] == "recommendation")
+            .count();
+        assert_eq!(picks, 2, "{lines}");
+        assert!(events.iter().any(|e| e["type"] == "probe_done"), "{lines}");
+        // The trials' scratch directory is gone.
+        assert_eq!(fs::read_dir(&dst).unwrap().count(), 0);
+    }
+    // A probe across hosts is not saved (saved probes are kept per pair
+    // of local file systems), and says so.
+    let out = probe(far_src, here_dst, &["--save"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("not saved"), "{}", stderr(&out));
+}
