@@ -167,6 +167,16 @@ pub struct RemoteArgs {
     /// The sluice binary on the remote host.
     #[arg(long, value_name = "PATH", default_value = "sluice")]
     pub remote_path: String,
+    /// Direct TCP connections file data crosses, beside the ssh
+    /// connection (TLS 1.3, pinned to a certificate made for the job); 0
+    /// sends everything over ssh. Where they cannot connect (only ssh's
+    /// port open), data goes over ssh.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub streams: usize,
+    /// Data streams in plain TCP, not TLS, for links you trust (a
+    /// one-time token still admits only this job's connections).
+    #[arg(long)]
+    pub no_encryption: bool,
 }
 
 /// What every job command takes: the two sides, the pool, the filters,

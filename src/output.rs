@@ -265,6 +265,7 @@ pub fn run_job(
     // one summary covers them all; a fatal error stops the rest.
     let mut result = Ok(Outcome::Complete);
     let mut lost = None;
+    let mut data_streams = 0;
     for (src, dst) in &pairs {
         // Where SRC is read from: this host, the client of a push, or a
         // `sluice serve` started on SRC's host (the engine runs here).
@@ -285,6 +286,7 @@ pub fn run_job(
             printer.clone(),
             cancel.clone(),
         );
+        data_streams = data_streams.max(opened.source.data_streams());
         lost = opened.close();
         // (an earlier Err or Interrupted broke the loop already)
         result = match (result, one) {
@@ -335,7 +337,12 @@ pub fn run_job(
         );
     }
     if args.show.json {
-        println!("{}", summary_json(&summary, outcome, kind));
+        let mut json = summary_json(&summary, outcome, kind);
+        if let (true, serde_json::Value::Object(m)) = (data_streams > 0, &mut json) {
+            // File data crossed these direct connections, not ssh.
+            m.insert("data_streams".into(), json!(data_streams));
+        }
+        println!("{json}");
     } else if !args.show.quiet
         && !matches!(
             result,

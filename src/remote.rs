@@ -84,6 +84,21 @@ impl Session {
         }
     }
 
+    /// Opens the data streams `reach` asks for to `host`, this end asking
+    /// on them (`ask`: it reads the far end's files) or answering. Where
+    /// they cannot be opened, says so; data then goes over ssh.
+    pub fn open_streams(&self, reach: &RemoteArgs, host: &str, ask: bool) {
+        if reach.streams == 0 {
+            return;
+        }
+        if let Err(why) = self
+            .conn
+            .open_streams(reach.streams, !reach.no_encryption, host, ask)
+        {
+            eprintln!("sluice: no data streams to {host} ({why}); data goes over ssh");
+        }
+    }
+
     /// Why the connection dropped mid-job, if it did.
     pub fn lost(&self) -> Option<String> {
         self.conn.lost()
@@ -161,6 +176,9 @@ pub fn push_command(
             return 2;
         }
     };
+    // The far end reads this end's files: this end answers on the streams.
+    let host = login.rsplit('@').next().unwrap_or(login);
+    session.open_streams(reach, host, false);
     // The same command line, with DST as the path over there: the far end
     // parses it as this one did.
     let mut argv: Vec<Vec<u8>> = std::env::args_os()
@@ -232,6 +250,7 @@ impl Opened {
                 };
                 let ignore: Handler = Box::new(|_, _| {});
                 let s = Session::start(&login, reach, on_lost, ignore)?;
+                s.open_streams(reach, &host, true);
                 (s.source.clone(), path, Some(s))
             }
         };

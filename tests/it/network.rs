@@ -219,16 +219,20 @@ fn copy_sync_and_verify_over_ssh_both_ways() {
     tree(&src);
     let args = ["--chunk-size", "4M", "--json"];
     // From the server's tree to here.
+    // File data crosses the default 4 direct TLS streams to the address
+    // sshd was reached at, not the ssh channel.
     let o = out(rig
         .sluice(&["copy", &rig.remote(&src), pulled.to_str().unwrap()])
         .args(args));
     ok(&o);
+    assert_eq!(summary(&o)["data_streams"], 4, "{}", stderr(&o));
     assert_same_tree(&src, &pulled);
     // From here to the server.
     let o = out(rig
         .sluice(&["copy", src.to_str().unwrap(), &rig.remote(&pushed)])
         .args(args));
     ok(&o);
+    assert_eq!(summary(&o)["data_streams"], 4, "{}", stderr(&o));
     assert_same_tree(&src, &pushed);
     assert_no_temporaries(&pushed);
     // Reruns move nothing; verify finds them identical.

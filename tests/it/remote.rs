@@ -509,3 +509,50 @@ fn a_probe_reaches_another_host_either_way_and_leaves_nothing() {
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("not saved"), "{}", stderr(&out));
 }
+
+#[test]
+fn file_data_crosses_direct_streams_beside_the_control_connection() {
+    let t = disk_dir("remote-streams");
+    let rsh = fake_ssh(t.path());
+    let src = t.path().join("src");
+    mixed_tree(&src);
+    // "localhost" resolves here; the stand-in sets no SSH_CONNECTION, so
+    // the streams go to the host name as given.
+    let run = |from: String, to: String, more: &[&str]| {
+        let out = sluice()
+            .args(["copy", &from, &to, "-e"])
+            .arg(&rsh)
+            .args(["--remote-path", env!("CARGO_BIN_EXE_sluice")])
+            .args(["--chunk-size", "1M", "--json", "--no-progress"])
+            .args(more)
+            .output()
+            .unwrap();
+        ok(&out);
+        summary(&out)
+    };
+    let here = |p: &Path| p.display().to_string();
+    let far = |p: &Path| format!("localhost:{}", p.display());
+    for (i, more) in [
+        &["--streams", "3"][..],
+        &["--streams", "2", "--no-encryption"],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let want = more[1].parse::<u64>().unwrap();
+        let pulled = t.path().join(format!("pulled{i}"));
+        let s = run(far(&src), here(&pulled), more);
+        assert_eq!(s["data_streams"], want, "{s}");
+        assert_same_tree(&src, &pulled);
+        let pushed = t.path().join(format!("pushed{i}"));
+        let s = run(here(&src), far(&pushed), more);
+        assert_eq!(s["data_streams"], want, "{s}");
+        assert_same_tree(&src, &pushed);
+        assert_no_temporaries(&pushed);
+    }
+    // --streams 0: everything over the control connection.
+    let only = t.path().join("only-ssh");
+    let s = run(far(&src), here(&only), &["--streams", "0"]);
+    assert!(s.get("data_streams").is_none(), "{s}");
+    assert_same_tree(&src, &only);
+}

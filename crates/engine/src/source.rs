@@ -233,6 +233,11 @@ pub trait Source: Send + Sync {
     /// The extended attributes (ACLs included with `XattrSet::All`) of an
     /// open entry.
     fn xattrs(&self, of: Open<'_>, set: XattrSet) -> Result<Xattrs, Errno>;
+    /// Direct data connections file data is read over, besides the one
+    /// the source was reached by (0 for a local source).
+    fn data_streams(&self) -> usize {
+        0
+    }
 }
 
 /// The descriptor of a local handle: a local source is never handed a

@@ -215,6 +215,10 @@ impl Source for RemoteSource {
         false
     }
 
+    fn data_streams(&self) -> usize {
+        self.conn.streams()
+    }
+
     fn name(&self, path: &Path) -> PathBuf {
         let Some(login) = &self.login else {
             return path.to_owned();
@@ -475,7 +479,7 @@ impl Source for RemoteSource {
             len,
             blake3: kind == HashKind::Blake3,
         };
-        match self.conn.call(req)? {
+        match self.conn.call_bulk(req)? {
             Reply::Digest(d, n) => Ok((Digest(d), n)),
             r => unexpected(r),
         }

@@ -12,6 +12,7 @@
 pub mod client;
 pub mod peer;
 pub mod serve;
+pub mod streams;
 pub mod wire;
 
 pub use client::{connect, RemoteSource};

@@ -12,6 +12,7 @@
 //! the connection ends, every waiting and later call fails with
 //! `ECONNRESET` and `on_lost` is told once.
 
+use crate::streams::{self, Stream};
 use crate::wire::{self, Msg, Reply, Request, Root};
 use sluice_engine::hash::HashKind;
 use sluice_engine::source::{LocalSource, Open, Source, SrcDir, SrcFile, SrcRoot};
@@ -22,8 +23,8 @@ use std::ffi::{CStr, CString};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
 
 /// Threads answering requests: more than a client's usual stream count,
 /// so none waits for a thread while another waits for the disk.
@@ -138,6 +139,26 @@ pub struct Peer {
     answers: Answers,
     /// The reader thread, joined by [`Peer::wait`].
     reader: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Data streams this end asks on.
+    lanes: Lanes,
+    /// Every data stream's socket, either role: shut down when the
+    /// connection ends, so no thread waits on one for ever.
+    sockets: Mutex<Vec<std::net::TcpStream>>,
+}
+
+/// Data streams to ask on, each carrying one request and its answer at a
+/// time: a call takes a free one, or waits for one.
+struct Lanes {
+    free: Mutex<Vec<Lane>>,
+    ready: Condvar,
+    /// Streams still working (a broken one is dropped).
+    count: AtomicUsize,
+}
+
+struct Lane {
+    stream: Stream,
+    /// The last answer's frame, reused.
+    frame: Vec<u8>,
 }
 
 impl Peer {
@@ -165,6 +186,12 @@ impl Peer {
                 next: AtomicU64::new(1),
             },
             reader: Mutex::new(None),
+            lanes: Lanes {
+                free: Mutex::new(Vec::new()),
+                ready: Condvar::new(),
+                count: AtomicUsize::new(0),
+            },
+            sockets: Mutex::new(Vec::new()),
         });
         let reader = peer.clone();
         let handle = std::thread::Builder::new()
@@ -235,6 +262,15 @@ impl Peer {
                             peer.answer_read(id, file, off, len);
                             continue;
                         }
+                        if let Request::Listen {
+                            n,
+                            encrypt,
+                            answer_here,
+                        } = req
+                        {
+                            peer.listen(id, n, encrypt, answer_here);
+                            continue;
+                        }
                         let reply = peer.answers.answer(req, &mut list, buf.as_mut_slice());
                         if let Some(reply) = reply {
                             peer.send(id, &Msg::Rep(reply));
@@ -258,6 +294,17 @@ impl Peer {
         (self.on_lost)();
         self.lost.store(true, Relaxed);
         self.waiting.lock().expect("waiting").clear();
+        self.shut_streams();
+    }
+
+    /// Shuts every data stream down (threads reading one wake up).
+    fn shut_streams(&self) {
+        for s in self.sockets.lock().expect("sockets").drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        self.lanes.count.store(0, Relaxed);
+        self.lanes.free.lock().expect("lanes").clear();
+        self.lanes.ready.notify_all();
     }
 
     /// Why the connection ended mid-job, if it did.
@@ -274,6 +321,7 @@ impl Peer {
         self.losing.store(true, Relaxed);
         self.lost.store(true, Relaxed);
         *self.out.lock().expect("output") = Box::new(io::sink());
+        self.shut_streams();
     }
 
     /// Waits until the other end hangs up.
@@ -292,20 +340,31 @@ impl Peer {
         }
     }
 
-    /// Answers a read: the bytes go from a reused buffer straight into
-    /// the frame's writes, with the file's stat after them.
-    fn answer_read(&self, id: u64, file: u64, off: u64, len: u32) {
-        let mut buf = self.reads.lock().expect("reads").pop().unwrap_or_default();
+    /// Reads what a read request asks into `buf` (grown to fit): the byte
+    /// count and the file's stat after the read.
+    fn read_for(
+        &self,
+        buf: &mut Vec<u8>,
+        file: u64,
+        off: u64,
+        len: u32,
+    ) -> Result<(usize, Stat), Errno> {
         let len = len.min(wire::MAX_READ) as usize;
         if buf.len() < len {
             buf.resize(len, 0);
         }
         let src = LocalSource;
-        let read = self.answers.on_file(file, |f| {
+        self.answers.on_file(file, |f| {
             let n = src.read_at(f, &mut buf[..len], off)?;
             Ok((n, src.stat_file(f)?))
-        });
-        match read {
+        })
+    }
+
+    /// Answers a read: the bytes go from a reused buffer straight into
+    /// the frame's writes, with the file's stat after them.
+    fn answer_read(&self, id: u64, file: u64, off: u64, len: u32) {
+        let mut buf = self.reads.lock().expect("reads").pop().unwrap_or_default();
+        match self.read_for(&mut buf, file, off, len) {
             Ok((n, st)) => {
                 let sent =
                     wire::send_data(&mut *self.out.lock().expect("output"), id, &buf[..n], &st);
@@ -316,6 +375,145 @@ impl Peer {
             Err(e) => self.send(id, &Msg::Rep(Reply::Err(e.raw_os_error()))),
         }
         self.reads.lock().expect("reads").push(buf);
+    }
+
+    /// Answers the other end's `Listen`: a listener for its data streams,
+    /// and where to reach it.
+    fn listen(self: &Arc<Self>, id: u64, n: u32, encrypt: bool, answer_here: bool) {
+        let peer = Arc::downgrade(self);
+        let take = move |s: Stream| {
+            if let Some(p) = peer.upgrade() {
+                p.use_stream(s, !answer_here);
+            }
+        };
+        let log = |m: String| eprintln!("sluice serve: {m}");
+        let reply = match streams::listen(n as usize, encrypt, None, take, log) {
+            Ok(mut offer) => {
+                offer.ip = streams::ssh_server_ip();
+                Reply::Listening(offer)
+            }
+            Err(e) => Reply::Err(e.raw_os_error().unwrap_or(Errno::IO.raw_os_error())),
+        };
+        self.send(id, &Msg::Rep(reply));
+    }
+
+    /// Asks the other end to listen for `n` data streams and opens them
+    /// (to `host` unless it names its address), this end asking on them if
+    /// `ask` (it reads the far end's files) or answering on them. Returns
+    /// how many opened; an error says why none did.
+    pub fn open_streams(
+        self: &Arc<Self>,
+        n: usize,
+        encrypt: bool,
+        host: &str,
+        ask: bool,
+    ) -> Result<usize, String> {
+        let req = Request::Listen {
+            n: n as u32,
+            encrypt,
+            answer_here: ask,
+        };
+        let offer = match self.call(req) {
+            Ok(Reply::Listening(o)) => o,
+            Ok(_) => return Err("the other end does not offer data streams".into()),
+            Err(e) => return Err(format!("the other end could not listen: {e}")),
+        };
+        let mut opened = 0;
+        for _ in 0..n {
+            match streams::connect(&offer, host) {
+                Ok(s) => {
+                    self.use_stream(s, ask);
+                    opened += 1;
+                }
+                Err(e) if opened == 0 => {
+                    let at = offer.ip.as_deref().unwrap_or(host);
+                    return Err(format!("connecting to {at} port {}: {e}", offer.port));
+                }
+                Err(_) => break,
+            }
+        }
+        Ok(opened)
+    }
+
+    /// Data streams this end asks on (0 once the connection ended).
+    pub fn streams(&self) -> usize {
+        self.lanes.count.load(Relaxed)
+    }
+
+    /// Puts a data stream to work: to ask on, or answered on a thread.
+    fn use_stream(self: &Arc<Self>, s: Stream, ask: bool) {
+        if let Ok(sock) = s.socket() {
+            self.sockets.lock().expect("sockets").push(sock);
+        }
+        if self.losing.load(Relaxed) {
+            return;
+        }
+        if ask {
+            self.lanes.free.lock().expect("lanes").push(Lane {
+                stream: s,
+                frame: Vec::new(),
+            });
+            self.lanes.count.fetch_add(1, Relaxed);
+            self.lanes.ready.notify_one();
+            return;
+        }
+        let peer = Arc::downgrade(self);
+        let _ = std::thread::Builder::new()
+            .name("data-stream".into())
+            .spawn(move || answer_stream(peer, s));
+    }
+
+    /// Asks `req` on a data stream, if one works: `None` when none does
+    /// (the caller asks on the control connection instead). A stream that
+    /// fails mid-call is dropped, and the call is asked again elsewhere.
+    fn on_lane<T>(
+        &self,
+        req: &Request,
+        mut got: impl FnMut(&mut Lane, u64) -> Option<Result<T, Errno>>,
+    ) -> Option<Result<T, Errno>> {
+        loop {
+            let mut lane = {
+                let mut free = self.lanes.free.lock().expect("lanes");
+                loop {
+                    if self.lanes.count.load(Relaxed) == 0 {
+                        return None;
+                    }
+                    if let Some(l) = free.pop() {
+                        break l;
+                    }
+                    free = self.lanes.ready.wait(free).expect("lanes");
+                }
+            };
+            let id = self.next.fetch_add(1, Relaxed);
+            let sent = wire::send(&mut lane.stream, id, &Msg::Req(clone_bulk(req)))
+                .and_then(|()| lane.stream.flush())
+                .and_then(|()| {
+                    if wire::recv_raw(&mut lane.stream, &mut lane.frame)? {
+                        Ok(())
+                    } else {
+                        Err(io::ErrorKind::UnexpectedEof.into())
+                    }
+                });
+            let answer = match sent {
+                Ok(()) => got(&mut lane, id),
+                Err(_) => None,
+            };
+            match answer {
+                Some(a) => {
+                    self.lanes.free.lock().expect("lanes").push(lane);
+                    self.lanes.ready.notify_one();
+                    return Some(a);
+                }
+                None => {
+                    // Broken: dropped; the call goes to another stream.
+                    let _ = self
+                        .lanes
+                        .count
+                        .fetch_update(Relaxed, Relaxed, |c| c.checked_sub(1));
+                    self.lanes.ready.notify_all();
+                }
+            }
+        }
     }
 
     /// Sends `req` and waits for its answer.
@@ -334,6 +532,22 @@ impl Peer {
         }
     }
 
+    /// [`Peer::call`] for a request that reads file data (a hash): asked
+    /// on a data stream when there is one.
+    pub fn call_bulk(&self, req: Request) -> Result<Reply, Errno> {
+        let on_lane = self.on_lane(&req, |lane, id| match wire::decode::<Msg>(&lane.frame) {
+            Ok((rid, Msg::Rep(Reply::Err(raw)))) if rid == id => {
+                Some(Err(Errno::from_raw_os_error(raw)))
+            }
+            Ok((rid, Msg::Rep(r))) if rid == id => Some(Ok(r)),
+            _ => None,
+        });
+        match on_lane {
+            Some(answer) => answer,
+            None => self.call(req),
+        }
+    }
+
     /// Sends `req` and waits for its reply.
     pub fn call(&self, req: Request) -> Result<Reply, Errno> {
         match self.ask(req)? {
@@ -348,6 +562,24 @@ impl Peer {
     /// and the file's stat after the read.
     pub fn read_into(&self, file: u64, off: u64, buf: &mut [u8]) -> Result<(usize, Stat), Errno> {
         let len = buf.len().min(wire::MAX_READ as usize) as u32;
+        let req = Request::Read { file, off, len };
+        let on_lane = self.on_lane(&req, |lane, id| match wire::data_reply(&lane.frame) {
+            Some((rid, at, st)) if rid == id && at.len() <= len as usize => {
+                let n = at.len();
+                buf[..n].copy_from_slice(&lane.frame[at]);
+                Some(Ok((n, st)))
+            }
+            Some(_) => None,
+            None => match wire::decode::<Msg>(&lane.frame) {
+                Ok((rid, Msg::Rep(Reply::Err(raw)))) if rid == id => {
+                    Some(Err(Errno::from_raw_os_error(raw)))
+                }
+                _ => None,
+            },
+        });
+        if let Some(answer) = on_lane {
+            return answer;
+        }
         match self.ask(Request::Read { file, off, len })? {
             Answer::Data(frame, at, st) if at.len() <= len as usize => {
                 let n = at.len();
@@ -364,6 +596,55 @@ impl sluice_engine::source::Release for Peer {
     fn release(&self, id: u64) {
         if !self.lost.load(Relaxed) {
             self.send(0, &Msg::Req(Request::Close { handle: id }));
+        }
+    }
+}
+
+/// A copy of a request that may go on a data stream (reads and hashes).
+fn clone_bulk(req: &Request) -> Request {
+    match *req {
+        Request::Read { file, off, len } => Request::Read { file, off, len },
+        Request::Hash {
+            file,
+            off,
+            len,
+            blake3,
+        } => Request::Hash {
+            file,
+            off,
+            len,
+            blake3,
+        },
+        _ => unreachable!("only reads and hashes go on data streams"),
+    }
+}
+
+/// Answers the requests that come on a data stream, one at a time, until
+/// it closes.
+fn answer_stream(peer: std::sync::Weak<Peer>, mut s: Stream) {
+    let mut frame = Vec::new();
+    let mut data = Vec::new();
+    let mut list = DirStream::default();
+    let mut buf = AlignedBuf::new(1 << 20);
+    while let Ok(true) = wire::recv_raw(&mut s, &mut frame) {
+        let Some(peer) = peer.upgrade() else { return };
+        let sent = match wire::decode::<Msg>(&frame) {
+            Ok((id, Msg::Req(Request::Read { file, off, len }))) => {
+                match peer.read_for(&mut data, file, off, len) {
+                    Ok((n, st)) => wire::send_data(&mut s, id, &data[..n], &st),
+                    Err(e) => wire::send(&mut s, id, &Msg::Rep(Reply::Err(e.raw_os_error()))),
+                }
+            }
+            Ok((id, Msg::Req(req @ Request::Hash { .. }))) => {
+                match peer.answers.answer(req, &mut list, buf.as_mut_slice()) {
+                    Some(reply) => wire::send(&mut s, id, &Msg::Rep(reply)),
+                    None => Ok(()),
+                }
+            }
+            _ => return, // nothing else is asked on a data stream
+        };
+        if sent.and_then(|()| s.flush()).is_err() {
+            return;
         }
     }
 }
@@ -629,6 +910,7 @@ impl Answers {
             }
             Request::OpenRoot { .. }
             | Request::OpenImage { .. }
+            | Request::Listen { .. }
             | Request::Close { .. }
             | Request::Read { .. } => {
                 unreachable!("answered above, or by answer_read")

@@ -105,6 +105,13 @@ pub enum Request {
         path: Vec<u8>,
         allow_mounted: bool,
     },
+    /// Listen for `n` data streams (see `streams`); the listening end
+    /// answers reads on them if `answer_here`, else asks on them.
+    Listen {
+        n: u32,
+        encrypt: bool,
+        answer_here: bool,
+    },
 }
 
 /// SRC's root: a directory, or a file in a directory.
@@ -192,6 +199,8 @@ pub enum Reply {
         size: u64,
         device: bool,
     },
+    /// Where and how to open the data streams asked for.
+    Listening(crate::streams::Offer),
 }
 
 /// Every frame's message, either way.
