@@ -57,6 +57,7 @@ class Scratch:
 
     def __init__(self, img, size_gb):
         self.img = img
+        os.makedirs(os.path.dirname(img), exist_ok=True)  # a fresh machine has no data dir
         sh(f"truncate -s {size_gb}G {img}")
         self.dev = sh(f"losetup --direct-io=on -f --show {img}", capture_output=True).stdout.strip()
         os.makedirs(MNT, exist_ok=True)

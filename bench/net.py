@@ -108,6 +108,10 @@ def tools(rig, src, dst):
     return [
         ("sluice", f"{SLUICE} copy {src} {remote}:{dst} -e '{rig.ssh}' --remote-path {SLUICE} "
                    "--no-progress >/dev/null"),
+        ("sluice --streams 0", f"{SLUICE} copy {src} {remote}:{dst} -e '{rig.ssh}' "
+                               f"--remote-path {SLUICE} --streams 0 --no-progress >/dev/null"),
+        ("sluice --streams 8", f"{SLUICE} copy {src} {remote}:{dst} -e '{rig.ssh}' "
+                               f"--remote-path {SLUICE} --streams 8 --no-progress >/dev/null"),
         ("rsync -a", f"rsync -a -e '{rig.ssh}' {src}/ {remote}:{dst}/"),
         ("scp -r", f"{rig.ssh.replace('ssh ', 'scp -q -r ', 1)} {src} {remote}:{dst}"),
         ("tar | ssh | tar", f"tar -C {src} -cf - . | {rig.ssh} {remote} 'mkdir -p {dst} && tar -C {dst} -xf -'"),
@@ -220,7 +224,7 @@ def report(r):
              "pushes this host's tree to the server's DST (fresh ext4 on a loop device, cold cache, "
              "final sync). CPU is user+system seconds; wire is bytes both ways on the veth.", ""]
     for shape, s in r["shapes"].items():
-        peers = [x for x in s["rows"] if x["tool"] != "sluice" and x["ok"]]
+        peers = [x for x in s["rows"] if not x["tool"].startswith("sluice") and x["ok"]]
         best = {p["tool"]: p["seconds"] for p in peers}
         rsync = best.get("rsync -a")
         lines += [f"## {shape}: {s['what']} ({s['files']} files, {s['bytes'] / 2**20:.0f} MiB)", "",
