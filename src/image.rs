@@ -88,6 +88,7 @@ pub fn run_with(
         printer.clone(),
         cancel,
     );
+    let wire = opened.source.wire();
     let lost = opened.close();
     done.store(true, Relaxed);
     if let Some(t) = ticker {
@@ -128,12 +129,16 @@ pub fn run_with(
     }
     let report = result.as_ref().ok().map(|(_, r)| r);
     if show.json {
-        println!(
-            "{}",
-            summary_json(&stats, report, outcome, elapsed, dry_run)
-        );
+        let mut json = summary_json(&stats, report, outcome, elapsed, dry_run);
+        if let (Some(w), serde_json::Value::Object(m)) = (wire, &mut json) {
+            m.insert("wire".into(), crate::output::wire_json(&w));
+        }
+        println!("{json}");
     } else if let Some(r) = report {
         print!("{}", summary_table(&stats, r, elapsed, dry_run));
+        if let Some(w) = wire {
+            println!("{}", crate::output::wire_line(&w));
+        }
     }
     code
 }

@@ -8,6 +8,7 @@ use crate::size::human_bytes;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use sluice_engine::gauge::Busy;
+use sluice_engine::source::Wire;
 
 use sluice_engine::{
     escape, CopyOptions, EntryError, JobError, Outcome, Reporter, Side, Stats, Summary,
@@ -265,7 +266,7 @@ pub fn run_job(
     // one summary covers them all; a fatal error stops the rest.
     let mut result = Ok(Outcome::Complete);
     let mut lost = None;
-    let mut data_streams = 0;
+    let mut wire = None;
     for (src, dst) in &pairs {
         // Where SRC is read from: this host, the client of a push, or a
         // `sluice serve` started on SRC's host (the engine runs here).
@@ -286,7 +287,7 @@ pub fn run_job(
             printer.clone(),
             cancel.clone(),
         );
-        data_streams = data_streams.max(opened.source.data_streams());
+        wire = opened.source.wire().or(wire);
         lost = opened.close();
         // (an earlier Err or Interrupted broke the loop already)
         result = match (result, one) {
@@ -338,9 +339,8 @@ pub fn run_job(
     }
     if args.show.json {
         let mut json = summary_json(&summary, outcome, kind);
-        if let (true, serde_json::Value::Object(m)) = (data_streams > 0, &mut json) {
-            // File data crossed these direct connections, not ssh.
-            m.insert("data_streams".into(), json!(data_streams));
+        if let (Some(w), serde_json::Value::Object(m)) = (wire, &mut json) {
+            m.insert("wire".into(), wire_json(&w));
         }
         println!("{json}");
     } else if !args.show.quiet
@@ -350,6 +350,9 @@ pub fn run_job(
         )
     {
         print!("{}", summary_table(&summary, kind));
+        if let Some(w) = wire {
+            println!("{}", wire_line(&w));
+        }
     }
     code
 }
@@ -671,6 +674,26 @@ pub fn busy_line(b: &Busy, verdict: Option<&str>) -> String {
 }
 
 /// The human summary printed at the end of a run.
+/// What crossed the connections to another host, for `--json`.
+pub fn wire_json(w: &Wire) -> serde_json::Value {
+    json!({"data_streams": w.streams, "bytes_received": w.bytes_received,
+           "bytes_sent": w.bytes_sent})
+}
+
+/// What crossed the connections to another host, for the summary table.
+pub fn wire_line(w: &Wire) -> String {
+    let over = match w.streams {
+        0 => "over ssh".to_string(),
+        1 => "1 data stream beside ssh".to_string(),
+        n => format!("{n} data streams beside ssh"),
+    };
+    format!(
+        "wire: {} received, {} sent ({over})",
+        human_bytes(w.bytes_received as f64),
+        human_bytes(w.bytes_sent as f64)
+    )
+}
+
 pub fn summary_table(s: &Summary, kind: Kind) -> String {
     let secs = s.elapsed.as_secs_f64();
     let verb = match kind {

@@ -233,11 +233,21 @@ pub trait Source: Send + Sync {
     /// The extended attributes (ACLs included with `XattrSet::All`) of an
     /// open entry.
     fn xattrs(&self, of: Open<'_>, set: XattrSet) -> Result<Xattrs, Errno>;
-    /// Direct data connections file data is read over, besides the one
-    /// the source was reached by (0 for a local source).
-    fn data_streams(&self) -> usize {
-        0
+    /// What crossed the connections to a source across a wire so far
+    /// (`None` for a local source).
+    fn wire(&self) -> Option<Wire> {
+        None
     }
+}
+
+/// Bytes that crossed the connections to a source across a wire, counted
+/// apart from the bytes written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Wire {
+    /// Direct data connections besides the control connection.
+    pub streams: usize,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
 }
 
 /// The descriptor of a local handle: a local source is never handed a

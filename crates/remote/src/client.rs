@@ -10,7 +10,7 @@ use crate::peer::{handshake, ConnectError, Handler, Peer};
 use crate::wire::{self, Inline, Reply, Request, Root};
 use sluice_engine::hash::{Digest, HashKind};
 use sluice_engine::source::{
-    Each, Far, ImageSrc, Open, Release, Source, SrcDir, SrcFile, SrcRoot, Xattrs,
+    Each, Far, ImageSrc, Open, Release, Source, SrcDir, SrcFile, SrcRoot, Wire, Xattrs,
 };
 use sluice_sys::{Errno, FsKind, Stat, XattrSet};
 use sluice_walk::DirStream;
@@ -215,8 +215,8 @@ impl Source for RemoteSource {
         false
     }
 
-    fn data_streams(&self) -> usize {
-        self.conn.streams()
+    fn wire(&self) -> Option<Wire> {
+        Some(self.conn.wire())
     }
 
     fn name(&self, path: &Path) -> PathBuf {

@@ -15,7 +15,7 @@
 use crate::streams::{self, Stream};
 use crate::wire::{self, Msg, Reply, Request, Root};
 use sluice_engine::hash::HashKind;
-use sluice_engine::source::{LocalSource, Open, Source, SrcDir, SrcFile, SrcRoot};
+use sluice_engine::source::{LocalSource, Open, Source, SrcDir, SrcFile, SrcRoot, Wire};
 use sluice_sys::{AlignedBuf, Errno, FsKind, Stat, XattrSet};
 use sluice_walk::DirStream;
 use std::collections::HashMap;
@@ -29,6 +29,9 @@ use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
 /// Threads answering requests: more than a client's usual stream count,
 /// so none waits for a thread while another waits for the disk.
 const THREADS: usize = 32;
+
+/// The longest a data stream may be silent while an answer is awaited.
+const STREAM_SILENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Why a connection could not be made.
 #[derive(Debug)]
@@ -144,19 +147,56 @@ pub struct Peer {
     /// Every data stream's socket, either role: shut down when the
     /// connection ends, so no thread waits on one for ever.
     sockets: Mutex<Vec<std::net::TcpStream>>,
+    /// Bytes received and sent, every connection of this peer together.
+    counts: Arc<Counts>,
+}
+
+/// Bytes that crossed, counted as they are read and written.
+#[derive(Default)]
+struct Counts {
+    received: AtomicU64,
+    sent: AtomicU64,
+}
+
+/// A reader or writer whose bytes are counted.
+struct Counted<T> {
+    inner: T,
+    counts: Arc<Counts>,
+}
+
+impl<T: Read> Read for Counted<T> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.counts.received.fetch_add(n as u64, Relaxed);
+        Ok(n)
+    }
+}
+
+impl<T: Write> Write for Counted<T> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.counts.sent.fetch_add(n as u64, Relaxed);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// Data streams to ask on, each carrying one request and its answer at a
-/// time: a call takes a free one, or waits for one.
+/// time: a call takes the free one that has waited longest (so every
+/// stream carries its share, and one that died is soon found out), or
+/// waits for one.
 struct Lanes {
-    free: Mutex<Vec<Lane>>,
+    free: Mutex<std::collections::VecDeque<Lane>>,
     ready: Condvar,
     /// Streams still working (a broken one is dropped).
     count: AtomicUsize,
 }
 
 struct Lane {
-    stream: Stream,
+    stream: Counted<Stream>,
     /// The last answer's frame, reused.
     frame: Vec<u8>,
 }
@@ -169,7 +209,17 @@ impl Peer {
         on_lost: impl Fn() + Send + Sync + 'static,
         handler: Handler,
     ) -> io::Result<Arc<Peer>> {
+        let counts = Arc::new(Counts::default());
+        let input = Counted {
+            inner: input,
+            counts: counts.clone(),
+        };
+        let output = Counted {
+            inner: output,
+            counts: counts.clone(),
+        };
         let peer = Arc::new(Peer {
+            counts,
             out: Mutex::new(Box::new(output)),
             waiting: Mutex::new(HashMap::new()),
             frames: Mutex::new(Vec::new()),
@@ -187,7 +237,7 @@ impl Peer {
             },
             reader: Mutex::new(None),
             lanes: Lanes {
-                free: Mutex::new(Vec::new()),
+                free: Mutex::new(std::collections::VecDeque::new()),
                 ready: Condvar::new(),
                 count: AtomicUsize::new(0),
             },
@@ -435,9 +485,14 @@ impl Peer {
         Ok(opened)
     }
 
-    /// Data streams this end asks on (0 once the connection ended).
-    pub fn streams(&self) -> usize {
-        self.lanes.count.load(Relaxed)
+    /// Data streams this end asks on (0 once the connection ended), and
+    /// the bytes that crossed every connection so far.
+    pub fn wire(&self) -> Wire {
+        Wire {
+            streams: self.lanes.count.load(Relaxed),
+            bytes_received: self.counts.received.load(Relaxed),
+            bytes_sent: self.counts.sent.load(Relaxed),
+        }
     }
 
     /// Puts a data stream to work: to ask on, or answered on a thread.
@@ -449,7 +504,17 @@ impl Peer {
             return;
         }
         if ask {
-            self.lanes.free.lock().expect("lanes").push(Lane {
+            // An answer that stops coming (a link that drops packets
+            // rather than resetting) breaks the stream; its call is asked
+            // elsewhere.
+            let _ = s.set_read_timeout(Some(STREAM_SILENCE));
+        }
+        let s = Counted {
+            inner: s,
+            counts: self.counts.clone(),
+        };
+        if ask {
+            self.lanes.free.lock().expect("lanes").push_back(Lane {
                 stream: s,
                 frame: Vec::new(),
             });
@@ -478,7 +543,7 @@ impl Peer {
                     if self.lanes.count.load(Relaxed) == 0 {
                         return None;
                     }
-                    if let Some(l) = free.pop() {
+                    if let Some(l) = free.pop_front() {
                         break l;
                     }
                     free = self.lanes.ready.wait(free).expect("lanes");
@@ -500,7 +565,7 @@ impl Peer {
             };
             match answer {
                 Some(a) => {
-                    self.lanes.free.lock().expect("lanes").push(lane);
+                    self.lanes.free.lock().expect("lanes").push_back(lane);
                     self.lanes.ready.notify_one();
                     return Some(a);
                 }
@@ -621,7 +686,7 @@ fn clone_bulk(req: &Request) -> Request {
 
 /// Answers the requests that come on a data stream, one at a time, until
 /// it closes.
-fn answer_stream(peer: std::sync::Weak<Peer>, mut s: Stream) {
+fn answer_stream(peer: std::sync::Weak<Peer>, mut s: Counted<Stream>) {
     let mut frame = Vec::new();
     let mut data = Vec::new();
     let mut list = DirStream::default();

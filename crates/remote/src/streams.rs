@@ -63,6 +63,11 @@ impl Stream {
     pub fn socket(&self) -> io::Result<TcpStream> {
         self.tcp().try_clone()
     }
+
+    /// How long a read may wait for a byte before it fails.
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.tcp().set_read_timeout(t)
+    }
 }
 
 impl Read for Stream {
