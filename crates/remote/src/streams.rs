@@ -29,6 +29,11 @@ use rustls::{ClientConnection, ServerConnection, StreamOwned};
 /// for its handshake and token.
 const SETUP: Duration = Duration::from_secs(20);
 
+/// How long opening a data connection may take: a firewall that drops
+/// the attempt (rather than refusing it) costs the job this, once, before
+/// data goes over ssh instead.
+const CONNECT: Duration = Duration::from_secs(3);
+
 /// What the listening end tells the other over the control connection.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Offer {
@@ -322,7 +327,7 @@ pub fn connect(offer: &Offer, host: &str) -> io::Result<Stream> {
     let mut last = io::Error::other(format!("{host} resolves to no address"));
     let sock = addrs
         .iter()
-        .find_map(|a| match TcpStream::connect_timeout(a, SETUP) {
+        .find_map(|a| match TcpStream::connect_timeout(a, CONNECT) {
             Ok(s) => Some(s),
             Err(e) => {
                 last = e;
