@@ -26,7 +26,7 @@ use crate::error::{EntryError, JobError, Reason, Side};
 use crate::gauge::{Activity, Busy, Gauge};
 use crate::hash::HashKind;
 use crate::options::{Outcome, Reporter};
-use crate::source::{LocalSource, Source, SrcFile};
+use crate::source::{Source, SrcFile};
 use crate::throttle::Throttle;
 use sluice_sys::{AlignedBuf, Errno, FileType, Stat, DIRECT_ALIGN};
 use std::ffi::CString;
@@ -827,21 +827,9 @@ impl Run<'_> {
     }
 }
 
-/// Images SRC onto DST (or compares them, with `opts.check`).
-pub fn image(
-    src: &Path,
-    dst: &Path,
-    opts: ImageOptions,
-    stats: Arc<ImageStats>,
-    reporter: Arc<dyn Reporter>,
-    cancel: Arc<AtomicBool>,
-) -> Result<(Outcome, ImageReport), JobError> {
-    let local: Arc<dyn Source> = Arc::new(LocalSource);
-    image_from(&local, src, dst, opts, stats, reporter, cancel)
-}
-
-/// [`image`] from any [`Source`] (`src` is SRC's path there): the job runs
-/// here, where DST is. Across a wire a chunk DST may already have is
+/// Images SRC onto DST (or compares them, with `opts.check`), reading SRC
+/// through `source` (`src` is its path there): the job runs here, where
+/// DST is. Across a wire a chunk DST may already have is
 /// compared by digests computed at each end; only chunks that differ (or
 /// all, on a first copy) cross.
 pub fn image_from(

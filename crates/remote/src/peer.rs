@@ -550,7 +550,7 @@ impl Peer {
                 }
             };
             let id = self.next.fetch_add(1, Relaxed);
-            let sent = wire::send(&mut lane.stream, id, &Msg::Req(clone_bulk(req)))
+            let sent = wire::send(&mut lane.stream, id, &Msg::Req(req.clone()))
                 .and_then(|()| lane.stream.flush())
                 .and_then(|()| {
                     if wire::recv_raw(&mut lane.stream, &mut lane.frame)? {
@@ -662,25 +662,6 @@ impl sluice_engine::source::Release for Peer {
         if !self.lost.load(Relaxed) {
             self.send(0, &Msg::Req(Request::Close { handle: id }));
         }
-    }
-}
-
-/// A copy of a request that may go on a data stream (reads and hashes).
-fn clone_bulk(req: &Request) -> Request {
-    match *req {
-        Request::Read { file, off, len } => Request::Read { file, off, len },
-        Request::Hash {
-            file,
-            off,
-            len,
-            blake3,
-        } => Request::Hash {
-            file,
-            off,
-            len,
-            blake3,
-        },
-        _ => unreachable!("only reads and hashes go on data streams"),
     }
 }
 

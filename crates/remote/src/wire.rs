@@ -42,7 +42,7 @@ pub fn parse_hello(line: &str) -> Option<(u32, &str)> {
 }
 
 /// A question to the side that has SRC.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Request {
     /// SRC's root, as the user named it (symlinks followed).
     OpenRoot {
