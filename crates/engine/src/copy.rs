@@ -731,6 +731,7 @@ impl Worker {
                 Claim::First
             }
             Some(LinkState::Copying(waiting)) => {
+                node.hold();
                 waiting.push((node.clone(), dst_name.to_owned()));
                 Claim::Handled
             }
@@ -789,6 +790,7 @@ impl Worker {
             if let Err(err) = res {
                 self.shared.fail(err);
             }
+            node.release();
         }
     }
 
@@ -868,7 +870,7 @@ impl Worker {
             Ok(big) => {
                 let streams = big.chunks().min(self.shared.budget.jobs as u64);
                 for _ in 0..streams {
-                    self.queue_task(Task::Chunk(big.clone()));
+                    self.queue_task(Task::Chunk { big: big.key });
                 }
             }
             Err(err) => {
@@ -979,7 +981,11 @@ impl Worker {
         if let (true, Some(j), Some(rec)) = (journaled, journal, record) {
             j.begin(&rel, rec);
         }
-        Ok(Arc::new(BigFile {
+        // Held until it is finished; named by key on the queue.
+        node.hold();
+        let key = self.shared.bigs.key();
+        let big = Arc::new(BigFile {
+            key,
             node: node.clone(),
             src_name: src_name.to_owned(),
             dst_name: dst_name.to_owned(),
@@ -1008,12 +1014,14 @@ impl Worker {
             journaled,
             attempt,
             committed: AtomicBool::new(false),
-        }))
+        });
+        self.shared.bigs.insert(key, big.clone());
+        Ok(big)
     }
 
     /// Claims and copies chunks of `big` until they are all claimed or the
     /// queue has room to let another stream take the next one.
-    pub(crate) fn run_chunks(&mut self, mut big: Arc<BigFile>) {
+    pub(crate) fn run_chunks(&mut self, big: Arc<BigFile>) {
         loop {
             let n = big.next.fetch_add(1, Relaxed);
             if n >= big.chunks() {
@@ -1061,10 +1069,13 @@ impl Worker {
             }
             // Yield to small files and other chunks between chunks; keep
             // going here only when the queue is full.
-            match self.shared.queue.push(Lane::Chunk, Task::Chunk(big)) {
-                Ok(()) => return,
-                Err(Task::Chunk(b)) => big = b,
-                Err(_) => unreachable!("pushed a chunk, got it back as something else"),
+            if self
+                .shared
+                .queue
+                .push(Lane::Chunk, Task::Chunk { big: big.key })
+                .is_ok()
+            {
+                return;
             }
         }
     }
@@ -1092,11 +1103,18 @@ impl Worker {
         Ok(())
     }
 
-    /// Called once, by the stream that finished the last chunk.
+    /// Called once, by the stream that finished the last chunk: the file
+    /// leaves the table and releases its directory, whatever became of it.
     fn finish_big(&mut self, big: &BigFile) {
+        self.shared.bigs.remove(big.key);
         if self.shared.stopped() {
             return;
         }
+        self.settle_big(big);
+        big.node.release();
+    }
+
+    fn settle_big(&mut self, big: &BigFile) {
         let key = link_key(&big.st);
         let res = self.commit_big(big);
         let ok = res.is_ok();

@@ -64,6 +64,7 @@ impl Worker {
                 if sh.opts.dry_run {
                     return false;
                 }
+                node.hold();
                 sh.replaced
                     .lock()
                     .expect("replaced lock")

@@ -10,7 +10,7 @@ use crate::state::Shared;
 use crate::target::resolve;
 use crate::throttle::Throttle;
 
-use crate::state::{DirNode, Listing, Task, Worker};
+use crate::state::{DirNode, Listing, Table, Task, Worker};
 use crate::tune::Gate;
 use sluice_sys::{Errno, Stat};
 use std::collections::HashMap;
@@ -258,13 +258,20 @@ fn run(
         dst_root_entries: AtomicU64::new(0),
         extras: Mutex::new(Vec::new()),
         replaced: Mutex::new(Vec::new()),
+        dirs: Table::new(),
+        bigs: Table::new(),
+        checks: Table::new(),
         gauge: Gauge::new(jobs),
         budget,
         throttle,
         gate: Gate::new(if auto { opts.jobs.min(jobs) } else { jobs }, jobs),
         opts,
     });
+    // Its one hold is the first task's.
+    let key = shared.dirs.key();
     let root = Arc::new(DirNode {
+        key,
+        holds: std::sync::atomic::AtomicU32::new(1),
         creates_as: facts.creates_as,
         dst_id: facts.id,
         default_acl: facts.default_acl,
@@ -280,14 +287,18 @@ fn run(
         parent: None,
         shared: shared.clone(),
     });
+    shared.dirs.insert(key, root);
     let first = match roots.single {
-        None => Task::List(root, Listing::new(&shared.stats)),
+        None => {
+            Listing::found(&shared.stats);
+            Task::List { dir: key }
+        }
         Some((src_name, dst_name, st)) => {
             // One file: the walk is over before it starts.
             shared.stats.entries_found.fetch_add(1, Relaxed);
             shared.stats.bytes_found.fetch_add(st.size, Relaxed);
             Task::Single {
-                node: root,
+                dir: key,
                 src_name,
                 dst_name,
                 st,
@@ -343,15 +354,20 @@ fn run(
         let ns = t.waited().as_nanos() as u64;
         shared.stats.throttle_wait_ns.fetch_add(ns, Relaxed);
     }
-    // Streams are gone; anything still queued (after a stop) is dropped here,
-    // which removes its temporaries.
+    // Streams are gone; anything still queued (after a stop) is dropped
+    // here, and big files still open go, which removes their temporaries
+    // (or, journaled, keeps them for the rerun).
     drop(shared.queue.close());
+    shared.bigs.clear();
+    shared.checks.clear();
     if !shared.stopped() && shared.opts.delete {
         crate::delete::run(&shared);
         crate::worker::replace(&shared);
     }
-    // Held directories hold `shared`: let them go whatever happened.
+    // Directories hold `shared`: let them go whatever happened.
     shared.replaced.lock().expect("replaced lock").clear();
+    shared.links.lock().expect("links lock").clear();
+    shared.dirs.clear();
     close_journal(&shared);
     if let Some(err) = shared.fatal.lock().expect("fatal lock").take() {
         return Err(JobError::Fatal(err));

@@ -1,7 +1,8 @@
 //! What the streams of one job share, and the values they pass each other:
-//! the job's state ([`Shared`]), the directories in flight ([`DirNode`]),
-//! the tasks on the queue ([`Task`]) and a stream's own context
-//! ([`Worker`]). Types only, and the few methods every layer above uses;
+//! the job's state ([`Shared`]), the directories and big files in flight
+//! ([`DirNode`], [`BigFile`], kept in [`Table`]s), the tasks on the queue
+//! ([`Task`]: plain values that name what they work on by key, never hold
+//! it) and a stream's own context ([`Worker`]). Types only, and the few methods every layer above uses;
 //! what is done with them lives in the modules above (`worker` runs
 //! tasks, `copy`, `existing`, `verify`, `delta` and `meta` carry them out,
 //! `tree` finishes directories, `job` builds and runs the whole).
@@ -20,12 +21,13 @@ use sluice_walk::DirStream;
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 /// Hard-link bookkeeping for one source inode with more than one name.
 pub(crate) enum LinkState {
-    /// Its first name is being copied; later names wait here.
+    /// Its first name is being copied; later names wait here (each
+    /// holding its directory open and unfinished).
     Copying(Vec<(Arc<DirNode>, CString)>),
     /// Copied; later names are linked to this path relative to DST, whose
     /// inode number in DST is given.
@@ -90,6 +92,12 @@ pub(crate) struct Shared {
     pub extras: Mutex<Vec<Extras>>,
     /// Entries waiting for `--delete` to remove the directory in their way.
     pub(crate) replaced: Mutex<Vec<Replacement>>,
+    /// Directories in flight, by the key tasks name them with.
+    pub(crate) dirs: Table<DirNode>,
+    /// Big files being copied chunk by chunk, by key.
+    pub(crate) bigs: Table<BigFile>,
+    /// Big files being compared chunk by chunk (`verify`), by key.
+    pub(crate) checks: Table<CheckBig>,
     /// What each stream is doing, sampled for the bottleneck report.
     pub gauge: Gauge,
     /// Streams and buffer size that fit `--mem-limit`.
@@ -227,8 +235,57 @@ impl Shared {
     }
 }
 
+/// The key of a value in flight in a [`Table`]: what a task names a
+/// directory or a big file by. Keys are never reused within a job, so a
+/// task that outlived its value finds nothing rather than another's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Key(u64);
+
+/// Values in flight that tasks name by [`Key`]: a stream looks one up when
+/// it takes a task. Lookups happen once per task (a batch of up to
+/// [`BATCH`] files, a directory, a chunk), never per file.
+pub(crate) struct Table<T> {
+    map: Mutex<HashMap<u64, Arc<T>>>,
+    next: AtomicU64,
+}
+
+impl<T> Table<T> {
+    pub fn new() -> Self {
+        Table {
+            map: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// A fresh key, for a value about to be inserted (which may need to
+    /// know its own key).
+    pub fn key(&self) -> Key {
+        Key(self.next.fetch_add(1, Relaxed))
+    }
+
+    pub fn insert(&self, key: Key, value: Arc<T>) {
+        self.map.lock().expect("table lock").insert(key.0, value);
+    }
+
+    /// The value `key` names, unless it was removed.
+    pub fn get(&self, key: Key) -> Option<Arc<T>> {
+        self.map.lock().expect("table lock").get(&key.0).cloned()
+    }
+
+    pub fn remove(&self, key: Key) -> Option<Arc<T>> {
+        self.map.lock().expect("table lock").remove(&key.0)
+    }
+
+    /// Lets every value go (the end of a job, stopped or not): what their
+    /// `Drop` does (a big file's temporary) happens here.
+    pub fn clear(&self) {
+        let all = std::mem::take(&mut *self.map.lock().expect("table lock"));
+        drop(all);
+    }
+}
+
 /// A source entry whose DST name holds a directory: copied once `--delete`
-/// has removed that directory, after the walk.
+/// has removed that directory, after the walk. Holds its directory.
 pub(crate) struct Replacement {
     pub(crate) node: Arc<DirNode>,
     pub(crate) src_name: CString,
@@ -249,7 +306,18 @@ pub(crate) struct Extras {
 }
 
 /// An open directory pair: the source directory and its copy in DST.
+///
+/// It is finished (its mode and times set) when the last hold on it is
+/// released: a hold is taken for every task that works in it, every
+/// subdirectory in flight, every big file open in it and every hard link
+/// waiting to be made in it, and given back when that is done (see
+/// `tree.rs`). A task names its directory by `key`; the job's table of
+/// directories keeps it while held.
 pub(crate) struct DirNode {
+    /// Its key in the job's table of directories.
+    pub(crate) key: Key,
+    /// Holds not yet released.
+    pub(crate) holds: AtomicU32,
     pub(crate) src: crate::source::SrcDir,
     /// `None` in a dry run, where DST is never touched.
     pub(crate) dst: Option<OwnedFd>,
@@ -275,14 +343,20 @@ pub(crate) struct DirNode {
     /// Whether the metadata of this directory is ours to set (false for the
     /// parent of a single-file copy, which the job does not own).
     pub(crate) owned: bool,
-    /// Held, never read: keeps the parent open and unfinished until this
-    /// directory is finished.
-    #[allow(dead_code)]
+    /// The parent, on which this directory holds a hold until it is
+    /// finished (so a parent is always finished after its children).
     pub(crate) parent: Option<Arc<DirNode>>,
     pub(crate) shared: Arc<Shared>,
 }
 
 impl DirNode {
+    /// Takes a hold on this directory: it is not finished before the hold
+    /// is released (`DirNode::release`). Only whoever holds it already may
+    /// take another, so the count never climbs back from zero.
+    pub fn hold(&self) {
+        self.holds.fetch_add(1, Relaxed);
+    }
+
     /// The destination directory's descriptor (not called in dry runs).
     pub fn dst(&self) -> BorrowedFd<'_> {
         self.dst
@@ -324,26 +398,28 @@ impl DirNode {
 /// enough that one big directory spreads over all streams.
 pub(crate) const BATCH: usize = 128;
 
-/// A unit of work on the queue.
+/// A unit of work on the queue: a plain value that names what it works on
+/// by key (its directory, its big file), so it could as well be written to
+/// a socket; the stream that takes it looks the key up.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Task {
     /// List an already opened directory pair (the roots).
-    List(Arc<DirNode>, Listing),
-    /// Open, create in DST, then list a subdirectory.
+    List { dir: Key },
+    /// Open, create in DST, then list a subdirectory of `parent`.
     Dir {
-        parent: Arc<DirNode>,
+        parent: Key,
         name: CString,
         st: Stat,
-        listing: Listing,
     },
     /// Copy a batch of non-directory entries of one directory.
     Files(FileBatch),
     /// Copy the next unclaimed chunk of a big file.
-    Chunk(Arc<BigFile>),
+    Chunk { big: Key },
     /// Compare the next unclaimed chunk of a big file (`verify`).
-    Check(Arc<CheckBig>),
+    Check { big: Key },
     /// Copy one file under another name (SRC given as a file).
     Single {
-        node: Arc<DirNode>,
+        dir: Key,
         src_name: CString,
         dst_name: CString,
         st: Stat,
@@ -353,27 +429,44 @@ pub(crate) enum Task {
 impl Task {
     pub(crate) fn lane(&self) -> Lane {
         match self {
-            Task::List(..) | Task::Dir { .. } => Lane::Dir,
-            Task::Chunk(_) | Task::Check(_) => Lane::Chunk,
+            Task::List { .. } | Task::Dir { .. } => Lane::Dir,
+            Task::Chunk { .. } | Task::Check { .. } => Lane::Chunk,
             _ => Lane::Data,
+        }
+    }
+
+    /// The directory this task holds (taken when it was made, released
+    /// when it has run).
+    pub(crate) fn holds(&self) -> Option<Key> {
+        match self {
+            Task::List { dir } | Task::Single { dir, .. } => Some(*dir),
+            Task::Dir { parent, .. } => Some(*parent),
+            Task::Files(batch) => Some(batch.dir),
+            Task::Chunk { .. } | Task::Check { .. } => None,
         }
     }
 }
 
-/// A directory still to be listed: counted in `Stats::listings_pending`
-/// from when it is found until its task is finished (its subdirectories
-/// are counted before that), so the count reaches zero exactly when the
-/// walk is over and the totals found are final.
-pub(crate) struct Listing(Arc<Stats>);
+/// A directory being listed: counted in `Stats::listings_pending` from
+/// when it is found until its listing is over (its subdirectories are
+/// counted before that), so the count reaches zero exactly when the walk
+/// is over and the totals found are final. Counted up with the task that
+/// lists it; this guard counts it down when that task has run.
+pub(crate) struct Listing<'a>(&'a Stats);
 
-impl Listing {
-    pub fn new(stats: &Arc<Stats>) -> Listing {
+impl<'a> Listing<'a> {
+    /// A directory found: its listing task is about to be queued.
+    pub fn found(stats: &Stats) {
         stats.listings_pending.fetch_add(1, Relaxed);
-        Listing(stats.clone())
+    }
+
+    /// The listing of a directory found earlier has begun.
+    pub fn begun(stats: &'a Stats) -> Listing<'a> {
+        Listing(stats)
     }
 }
 
-impl Drop for Listing {
+impl Drop for Listing<'_> {
     fn drop(&mut self) {
         self.0.listings_pending.fetch_sub(1, Relaxed);
     }
@@ -381,16 +474,17 @@ impl Drop for Listing {
 
 /// Entries of one directory, names packed into one buffer so a batch costs
 /// two allocations however many entries it holds.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct FileBatch {
-    pub(crate) node: Arc<DirNode>,
+    pub(crate) dir: Key,
     pub(crate) names: Vec<u8>,
     pub(crate) entries: Vec<(u32, Stat)>,
 }
 
 impl FileBatch {
-    pub(crate) fn new(node: Arc<DirNode>) -> Self {
+    pub(crate) fn new(dir: Key) -> Self {
         FileBatch {
-            node,
+            dir,
             names: Vec::with_capacity(BATCH * 16),
             entries: Vec::with_capacity(BATCH),
         }
@@ -488,7 +582,10 @@ pub(crate) struct TempName {
 }
 
 /// A big file whose chunks are copied by any number of streams at once.
+/// Holds its directory until it is finished.
 pub(crate) struct BigFile {
+    /// Its key in the job's table of big files.
+    pub(crate) key: Key,
     pub(crate) node: Arc<DirNode>,
     pub(crate) src_name: CString,
     pub(crate) dst_name: CString,
@@ -527,8 +624,11 @@ pub(crate) struct BigFile {
     pub(crate) committed: AtomicBool,
 }
 
-/// A big file compared chunk by chunk by any number of streams.
+/// A big file compared chunk by chunk by any number of streams. Holds its
+/// directory until it is finished.
 pub(crate) struct CheckBig {
+    /// Its key in the job's table of compared files.
+    pub(crate) key: Key,
     pub(crate) node: Arc<DirNode>,
     pub(crate) name: CString,
     pub(crate) src: SrcFile,
@@ -540,4 +640,57 @@ pub(crate) struct CheckBig {
     pub(crate) done: AtomicU64,
     pub(crate) differs: AtomicBool,
     pub(crate) failed: Mutex<Option<EntryError>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A task is a value: it goes through an encoding and comes back the
+    /// same, which is what carrying it to another process needs.
+    #[test]
+    fn a_task_round_trips_through_an_encoding() {
+        let st = Stat {
+            size: 5 << 30,
+            mode: 0o100644,
+            ..Stat::default()
+        };
+        let mut batch = FileBatch::new(Key(7));
+        batch.push(c"a", st);
+        batch.push(c"b\nc", st);
+        let tasks = [
+            Task::List { dir: Key(0) },
+            Task::Dir {
+                parent: Key(1),
+                name: CString::new(b"\xff\xfe".to_vec()).unwrap(),
+                st,
+            },
+            Task::Files(batch),
+            Task::Chunk { big: Key(3) },
+            Task::Check { big: Key(4) },
+            Task::Single {
+                dir: Key(0),
+                src_name: c"x".to_owned(),
+                dst_name: c"y".to_owned(),
+                st,
+            },
+        ];
+        for t in tasks {
+            let text = serde_json::to_string(&t).unwrap();
+            let back: Task = serde_json::from_str(&text).unwrap();
+            assert_eq!(back, t, "{text}");
+            assert_eq!(back.holds(), t.holds());
+        }
+    }
+
+    #[test]
+    fn keys_are_not_reused() {
+        let t: Table<u32> = Table::new();
+        let a = t.key();
+        t.insert(a, Arc::new(1));
+        assert_eq!(t.remove(a).as_deref(), Some(&1));
+        let b = t.key();
+        assert_ne!(a, b);
+        assert!(t.get(a).is_none());
+    }
 }

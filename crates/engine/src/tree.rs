@@ -1,16 +1,19 @@
 //! Directories in flight, and the metadata they receive when done.
 //!
-//! A [`DirNode`] is shared (`Arc`) by every task that still works inside the
-//! directory, and each node holds its parent. When the last task finishes,
-//! the node is dropped and only then are the directory's mode and times set
-//! and, with `--fsync`, the directory synced: its times come out right
-//! because nothing is written into it afterwards, and a parent is always
-//! finished after its children.
+//! A [`DirNode`] is held by every task that still works inside the
+//! directory (the task names it by key; the hold is counted in the node),
+//! by every big file or hard link still to be finished in it, and by each
+//! of its subdirectories in flight. When the last hold is released, the
+//! node leaves the job's table and only then are the directory's mode and
+//! times set and, with `--fsync`, the directory synced: its times come out
+//! right because nothing is written into it afterwards, and a parent is
+//! always finished after its children.
 
 use crate::error::{Reason, Side};
 use crate::state::DirNode;
 use sluice_sys::Stat;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::Ordering::AcqRel;
 
 impl DirNode {
     fn finish(&self) -> Result<(), (&'static str, sluice_sys::Errno)> {
@@ -40,14 +43,28 @@ impl DirNode {
     }
 }
 
-impl Drop for DirNode {
-    fn drop(&mut self) {
-        if !self.owned || self.shared.stopped() {
-            return;
-        }
-        if let Err((op, e)) = self.finish() {
-            self.shared
-                .fail(self.self_error(Side::Dst, op, Reason::Os(e)));
+impl DirNode {
+    /// Releases a hold (see [`DirNode::hold`]). The last one finishes the
+    /// directory, then releases its hold on its parent, and so on up.
+    /// Nothing is set on a stopped job, nor on a directory the job does not
+    /// own (a single file's target directory).
+    pub(crate) fn release(&self) {
+        let mut node = self;
+        loop {
+            if node.holds.fetch_sub(1, AcqRel) != 1 {
+                return;
+            }
+            let shared = &node.shared;
+            shared.dirs.remove(node.key);
+            if node.owned && !shared.stopped() {
+                if let Err((op, e)) = node.finish() {
+                    shared.fail(node.self_error(Side::Dst, op, Reason::Os(e)));
+                }
+            }
+            match &node.parent {
+                Some(p) => node = p,
+                None => return,
+            }
         }
     }
 }

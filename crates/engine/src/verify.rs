@@ -263,7 +263,11 @@ impl Worker {
                 }
             }
         }
+        // Held until it is finished; named by key on the queue.
+        node.hold();
+        let key = sh.checks.key();
         let big = Arc::new(CheckBig {
+            key,
             node: node.clone(),
             name: name.to_owned(),
             src,
@@ -276,14 +280,15 @@ impl Worker {
             differs: AtomicBool::new(false),
             failed: Mutex::new(None),
         });
+        sh.checks.insert(key, big);
         for _ in 0..chunks.min(sh.budget.jobs as u64) {
-            self.queue_task(Task::Check(big.clone()));
+            self.queue_task(Task::Check { big: key });
         }
     }
 
     /// Claims and compares chunks of `big`, yielding to other work between
     /// chunks like a copy does.
-    pub(crate) fn run_check_chunks(&mut self, mut big: Arc<CheckBig>) {
+    pub(crate) fn run_check_chunks(&mut self, big: Arc<CheckBig>) {
         loop {
             let i = big.next.fetch_add(1, Relaxed);
             if i >= big.chunks {
@@ -309,19 +314,29 @@ impl Worker {
             if big.done.fetch_add(1, Relaxed) + 1 == big.chunks {
                 return self.finish_check(&big);
             }
-            match self.shared.queue.push(Lane::Chunk, Task::Check(big)) {
-                Ok(()) => return,
-                Err(Task::Check(b)) => big = b,
-                Err(_) => unreachable!("pushed a check, got it back as something else"),
+            if self
+                .shared
+                .queue
+                .push(Lane::Chunk, Task::Check { big: big.key })
+                .is_ok()
+            {
+                return;
             }
         }
     }
 
+    /// Called once, by the stream that compared the last chunk: the file
+    /// leaves the table and releases its directory.
     fn finish_check(&mut self, big: &CheckBig) {
-        let sh = self.shared.clone();
-        if sh.stopped() {
-            return;
+        self.shared.checks.remove(big.key);
+        if !self.shared.stopped() {
+            self.settle_check(big);
+            big.node.release();
         }
+    }
+
+    fn settle_check(&mut self, big: &CheckBig) {
+        let sh = self.shared.clone();
         if let Some(err) = big.failed.lock().expect("chunk lock").take() {
             return sh.fail(err);
         }

@@ -8,7 +8,7 @@ use crate::state::{DirNode, FileBatch, Listing, Shared, Task, Worker, BATCH};
 use sluice_sys::{FileType, Stat};
 use std::ffi::CStr;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 
 impl Worker {
@@ -41,11 +41,31 @@ impl Worker {
     }
 
     fn run_task(&mut self, task: Task) {
-        if self.shared.stopped() {
-            return; // dropping the task releases its directories and temporaries
+        let shared = self.shared.clone();
+        let _listing = matches!(task, Task::List { .. } | Task::Dir { .. })
+            .then(|| Listing::begun(&shared.stats));
+        let node = task.holds().map(|key| {
+            shared
+                .dirs
+                .get(key)
+                .expect("a task's directory is held until the task has run")
+        });
+        if !shared.stopped() {
+            self.run_held(task, node.as_ref());
         }
+        // Dropping a task unrun (a stopped job) releases nothing: nothing
+        // is finished on a stopped job, and its table goes at the end.
+        if let Some(node) = node {
+            node.release();
+        }
+    }
+
+    /// Runs a task; `node` is the directory it holds.
+    fn run_held(&mut self, task: Task, node: Option<&Arc<DirNode>>) {
+        let node = || node.expect("the task holds a directory");
         match task {
-            Task::List(node, listing) => {
+            Task::List { .. } => {
+                let node = node();
                 // The job's DST root is locked already (exclusively, by this
                 // job or the watch that runs it) unless it is a watch pass's
                 // subdirectory.
@@ -62,31 +82,35 @@ impl Worker {
                 {
                     return;
                 }
-                self.list(node, listing)
+                self.list(node)
             }
-            Task::Dir {
-                parent,
-                name,
-                st,
-                listing,
-            } => self.enter_dir(parent, &name, st, listing),
+            Task::Dir { name, st, .. } => self.enter_dir(node(), &name, st),
             Task::Files(batch) => {
+                let node = node();
                 for &(start, st) in &batch.entries {
                     if self.shared.stopped() {
                         break;
                     }
                     let name = batch.name(start);
-                    self.copy_entry(&batch.node, name, name, &st);
+                    self.copy_entry(node, name, name, &st);
                 }
             }
-            Task::Chunk(big) => self.run_chunks(big),
-            Task::Check(big) => self.run_check_chunks(big),
+            Task::Chunk { big } => {
+                if let Some(big) = self.shared.bigs.get(big) {
+                    self.run_chunks(big)
+                }
+            }
+            Task::Check { big } => {
+                if let Some(big) = self.shared.checks.get(big) {
+                    self.run_check_chunks(big)
+                }
+            }
             Task::Single {
-                node,
                 src_name,
                 dst_name,
                 st,
-            } => self.copy_one(&node, &src_name, &dst_name, &st),
+                ..
+            } => self.copy_one(node(), &src_name, &dst_name, &st),
         }
     }
 
@@ -116,7 +140,7 @@ impl Worker {
     }
 
     /// Opens a subdirectory, creates its copy in DST, then lists it.
-    fn enter_dir(&mut self, parent: Arc<DirNode>, name: &CStr, st: Stat, listing: Listing) {
+    fn enter_dir(&mut self, parent: &Arc<DirNode>, name: &CStr, st: Stat) {
         let sh = &self.shared;
         let src = match sh.source.open_dir(&parent.src, name) {
             Ok(fd) => fd,
@@ -154,7 +178,7 @@ impl Worker {
             }
         } else {
             self.doing(Activity::Write);
-            match self.make_dir(&parent, name) {
+            match self.make_dir(parent, name) {
                 Ok((fd, existed)) => (Some(fd), existed),
                 Err(err) => return self.shared.fail(err),
             }
@@ -186,7 +210,7 @@ impl Worker {
             if !self.shared.writes() {
                 // a dry run or a verify: nothing is written
             } else if let Err(err) = self.dir_owner_and_xattrs(
-                &parent,
+                parent,
                 name,
                 Open::Dir(&src),
                 dst.as_fd(),
@@ -215,7 +239,12 @@ impl Worker {
         } else {
             self.shared.source.kind(&src)
         };
+        // Its one hold is this listing's; it holds its parent until done.
+        parent.hold();
+        let key = self.shared.dirs.key();
         let node = Arc::new(DirNode {
+            key,
+            holds: AtomicU32::new(1),
             creates_as: facts.creates_as,
             dst_id: facts.id,
             default_acl: facts.default_acl,
@@ -226,12 +255,14 @@ impl Worker {
             rel: parent.child_rel(name),
             stat: st,
             owned: self.shared.writes(),
-            parent: Some(parent),
+            parent: Some(parent.clone()),
             shared: self.shared.clone(),
         });
+        self.shared.dirs.insert(key, node.clone());
         if descend {
-            self.list(node, listing);
+            self.list(&node);
         }
+        node.release();
     }
 
     /// Creates (or finds) a directory in DST and opens it. Returns whether
@@ -268,9 +299,9 @@ impl Worker {
 
     /// Lists a directory: subdirectories become tasks, big files become
     /// chunk tasks, everything else is batched.
-    fn list(&mut self, node: Arc<DirNode>, listing: Listing) {
+    fn list(&mut self, node: &Arc<DirNode>) {
         let mut stream = self.scratch.stream.take().unwrap_or_default();
-        let mut batch = FileBatch::new(node.clone());
+        let mut batch = FileBatch::new(node.key);
         let shared = self.shared.clone();
         let opts = &shared.opts;
         let stats = &shared.stats;
@@ -301,8 +332,8 @@ impl Worker {
                         return true;
                     }
                 };
-                let st = source_stat(&node, st);
-                let action = source_action(&node, &st, opts.chunk_size, opts.privileged);
+                let st = source_stat(node, st);
+                let action = source_action(node, &st, opts.chunk_size, opts.privileged);
                 if !filter.is_empty() {
                     let rel = if filter.needs_path() {
                         opts.filter_path(node.child_rel(name))
@@ -323,22 +354,26 @@ impl Worker {
                 }
                 stats.entries_found.fetch_add(1, Relaxed);
                 match action {
-                    Action::Dir => self.queue_task(Task::Dir {
-                        parent: node.clone(),
-                        name: name.to_owned(),
-                        st,
-                        listing: Listing::new(&shared.stats),
-                    }),
+                    Action::Dir => {
+                        Listing::found(stats);
+                        node.hold();
+                        self.queue_task(Task::Dir {
+                            parent: node.key,
+                            name: name.to_owned(),
+                            st,
+                        })
+                    }
                     Action::Chunked { chunks } => {
                         stats.bytes_found.fetch_add(st.size, Relaxed);
-                        self.start_big(&node, name, name, &st, chunks);
+                        self.start_big(node, name, name, &st, chunks);
                     }
-                    Action::Skip(why) => self.skip(&node, name, why),
+                    Action::Skip(why) => self.skip(node, name, why),
                     Action::Whole | Action::Symlink | Action::Special => {
                         stats.bytes_found.fetch_add(st.size, Relaxed);
                         batch.push(name, st);
                         if batch.entries.len() >= BATCH {
-                            let full = std::mem::replace(&mut batch, FileBatch::new(node.clone()));
+                            let full = std::mem::replace(&mut batch, FileBatch::new(node.key));
+                            node.hold();
                             // A directory's files stay on the stream that lists
                             // it: streams creating files in one directory contend
                             // for its lock (measured: half the CPU spent spinning
@@ -357,9 +392,8 @@ impl Worker {
         if let Err(e) = res {
             shared.fail(node.self_error(Side::Src, "read directory", Reason::Os(e)));
         }
-        // Listed: its entries are counted, whatever is left to copy.
-        drop(listing);
         if !batch.entries.is_empty() {
+            node.hold();
             self.run_task(Task::Files(batch));
         }
         self.scratch.stream = Some(stream);
@@ -420,8 +454,9 @@ pub(crate) fn replace(shared: &Arc<Shared>) {
                 "replace",
                 Reason::Other("the directory in the way was not deleted".into()),
             ));
-            continue;
+        } else {
+            worker.copy_one(node, &r.src_name, &r.dst_name, &r.st);
         }
-        worker.copy_one(node, &r.src_name, &r.dst_name, &r.st);
+        node.release();
     }
 }
