@@ -9,13 +9,14 @@
 
 use crate::error::{EntryError, Reason, Side};
 use crate::gauge::Activity;
+use crate::ledger::Claim;
 use crate::meta::{link_key, LinkKey, ACL_ACCESS, ACL_DEFAULT};
 use crate::options::Reflink;
 use crate::plan;
 use crate::queue::Lane;
 use crate::source::{Open, SrcFile};
+use crate::state::Shared;
 use crate::state::{BigFile, DirNode, Task, TempName, Worker};
-use crate::state::{LinkState, Shared};
 use sluice_sys::{CopyMethod, Errno, FileType, Stat};
 use std::ffi::CStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -175,14 +176,6 @@ enum LinkFrom<'a> {
     Beneath(BorrowedFd<'a>, &'a [u8], u64),
 }
 
-/// What claiming a hard-linked inode decided.
-enum Claim {
-    /// This name copies the data; later names will link to it.
-    First,
-    /// This name was linked (or queued to be linked, or failed): done.
-    Handled,
-}
-
 impl Worker {
     /// Copies one non-directory entry; failures are reported, not returned.
     pub(crate) fn copy_entry(
@@ -220,7 +213,7 @@ impl Worker {
             FileType::RegularFile => {
                 let key = link_key(st);
                 if let Some(key) = key {
-                    if let Claim::Handled = self.claim_link(key, node, dst_name) {
+                    if !self.claim_link(key, node, dst_name) {
                         return;
                     }
                 }
@@ -722,61 +715,41 @@ impl Worker {
         sluice_sys::set_times_at(node.dst(), tmp.as_cstr(), st).map_err(|e| err("set times", e))
     }
 
-    /// Decides who copies a hard-linked inode's data.
-    fn claim_link(&mut self, key: LinkKey, node: &Arc<DirNode>, dst_name: &CStr) -> Claim {
-        let mut links = self.shared.links.lock().expect("links lock");
-        match links.get_mut(&key) {
-            None => {
-                links.insert(key, LinkState::Copying(Vec::new()));
-                Claim::First
-            }
-            Some(LinkState::Copying(waiting)) => {
-                node.hold();
-                waiting.push((node.clone(), dst_name.to_owned()));
-                Claim::Handled
-            }
-            Some(LinkState::Done(rel, ino)) => {
-                let (rel, ino) = (rel.clone(), *ino);
-                drop(links);
+    /// Whether this name of a hard-linked inode copies its data. If not,
+    /// it was linked (its group was copied), queued to be linked (its
+    /// group is being copied) or failed (its group failed).
+    fn claim_link(&mut self, key: LinkKey, node: &Arc<DirNode>, dst_name: &CStr) -> bool {
+        let res = match self.shared.ledger.claim_link(key, node, dst_name) {
+            Claim::First => return true,
+            Claim::Waits => return false,
+            Claim::LinkTo(rel, ino) => {
                 let shared = self.shared.clone();
                 let root = shared.dst_root_fd.as_ref().expect("not a dry run");
                 let from = LinkFrom::Beneath(root.as_fd(), &rel, ino);
-                if let Err(err) = self.place_link(from, node, dst_name) {
-                    self.shared.fail(err);
-                }
-                Claim::Handled
+                self.place_link(from, node, dst_name)
             }
-            Some(LinkState::Failed) => {
-                drop(links);
-                self.shared.fail(node.error(
-                    dst_name,
-                    Side::Dst,
-                    "link",
-                    Reason::Other("the file it is a hard link of failed to copy".into()),
-                ));
-                Claim::Handled
-            }
+            Claim::Failed => Err(node.error(
+                dst_name,
+                Side::Dst,
+                "link",
+                Reason::Other("the file it is a hard link of failed to copy".into()),
+            )),
+        };
+        if let Err(err) = res {
+            self.shared.fail(err);
         }
+        false
     }
 
     /// Records the outcome of a hard-linked inode's first copy and links the
-    /// names that waited for it.
+    /// names that waited for it (releasing their directories).
     fn finish_link(&mut self, key: LinkKey, first: &DirNode, name: &CStr, ok: bool) {
-        let state = if ok {
+        let copied = ok.then(|| {
             // The inode lets a later run tell a correct link from a copy.
             let ino = sluice_sys::stat_at(first.dst(), name).map_or(0, |st| st.ino);
-            LinkState::Done(first.child_rel(name), ino)
-        } else {
-            LinkState::Failed
-        };
-        let waiting = {
-            let mut links = self.shared.links.lock().expect("links lock");
-            match links.insert(key, state) {
-                Some(LinkState::Copying(w)) => w,
-                _ => Vec::new(),
-            }
-        };
-        for (node, to) in waiting {
+            (first.child_rel(name), ino)
+        });
+        for (node, to) in self.shared.ledger.settle_link(key, copied) {
             let res = if ok {
                 self.place_link(LinkFrom::Held(first.dst(), name), &node, &to)
             } else {
@@ -861,7 +834,7 @@ impl Worker {
         }
         let key = link_key(st);
         if let Some(key) = key.filter(|_| attempt == 0) {
-            if let Claim::Handled = self.claim_link(key, node, dst_name) {
+            if !self.claim_link(key, node, dst_name) {
                 return;
             }
         }
@@ -983,7 +956,7 @@ impl Worker {
         }
         // Held until it is finished; named by key on the queue.
         node.hold();
-        let key = self.shared.bigs.key();
+        let key = self.shared.ledger.bigs.key();
         let big = Arc::new(BigFile {
             key,
             node: node.clone(),
@@ -1015,7 +988,7 @@ impl Worker {
             attempt,
             committed: AtomicBool::new(false),
         });
-        self.shared.bigs.insert(key, big.clone());
+        self.shared.ledger.bigs.insert(key, big.clone());
         Ok(big)
     }
 
@@ -1106,7 +1079,7 @@ impl Worker {
     /// Called once, by the stream that finished the last chunk: the file
     /// leaves the table and releases its directory, whatever became of it.
     fn finish_big(&mut self, big: &BigFile) {
-        self.shared.bigs.remove(big.key);
+        self.shared.ledger.bigs.remove(big.key);
         if self.shared.stopped() {
             return;
         }

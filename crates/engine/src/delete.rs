@@ -34,7 +34,7 @@ enum Stop {
 /// Removes the extras noted during the walk; reaching `--max-delete` is
 /// reported as an error (exit 1).
 pub(crate) fn run(shared: &Shared) {
-    let extras = std::mem::take(&mut *shared.extras.lock().expect("extras lock"));
+    let extras = shared.ledger.take_extras();
     if extras.is_empty() {
         return;
     }

@@ -12,7 +12,7 @@ use crate::error::{Reason, Side};
 use crate::meta::link_key;
 use crate::plan::{self, Existing};
 use crate::source::{Open, SrcDir};
-use crate::state::{DirNode, Extras, LinkState, Replacement, Worker};
+use crate::state::{DirNode, Extras, Replacement, Worker};
 use sluice_sys::{Errno, FileType, Stat};
 use std::ffi::CStr;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -56,7 +56,7 @@ impl Worker {
             Existing::AfterDelete => {
                 // The tree goes with the other extras after a clean walk;
                 // the entry is copied after that (a dry run counts it now).
-                sh.extras.lock().expect("extras lock").push(Extras {
+                sh.ledger.found_extras(Extras {
                     dir: node.rel.clone(),
                     src_stat: node.stat,
                     names: vec![(dst_name.to_owned(), true)],
@@ -64,16 +64,12 @@ impl Worker {
                 if sh.opts.dry_run {
                     return false;
                 }
-                node.hold();
-                sh.replaced
-                    .lock()
-                    .expect("replaced lock")
-                    .push(Replacement {
-                        node: node.clone(),
-                        src_name: src_name.to_owned(),
-                        dst_name: dst_name.to_owned(),
-                        st: *st,
-                    });
+                sh.ledger.replace_later(Replacement {
+                    node: node.clone(),
+                    src_name: src_name.to_owned(),
+                    dst_name: dst_name.to_owned(),
+                    st: *st,
+                });
                 return true;
             }
             Existing::Blocked => {
@@ -176,15 +172,7 @@ impl Worker {
         let Some(key) = link_key(st) else {
             return true;
         };
-        let mut links = self.shared.links.lock().expect("links lock");
-        match links.get(&key) {
-            None => {
-                links.insert(key, LinkState::Done(node.child_rel(dst_name), dst.ino));
-                true
-            }
-            Some(LinkState::Done(_, ino)) => *ino == dst.ino,
-            Some(_) => false,
-        }
+        (self.shared.ledger).link_intact(key, || node.child_rel(dst_name), dst.ino)
     }
 
     /// Whether a symlink in DST points where the source's does.
@@ -360,7 +348,7 @@ impl Worker {
                 sh.differs(Side::Dst, &join(rel, name.to_bytes()), "only in DST");
             }
         } else if !extras.is_empty() {
-            sh.extras.lock().expect("extras lock").push(Extras {
+            sh.ledger.found_extras(Extras {
                 dir: rel.to_vec(),
                 src_stat: *src_stat,
                 names: extras,

@@ -10,10 +10,9 @@ use crate::state::Shared;
 use crate::target::resolve;
 use crate::throttle::Throttle;
 
-use crate::state::{DirNode, Listing, Table, Task, Worker};
+use crate::state::{DirNode, Ledger, Listing, Task, Worker};
 use crate::tune::Gate;
 use sluice_sys::{Errno, Stat};
-use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -237,7 +236,6 @@ fn run(
         cancel,
         halted,
         fatal: Mutex::new(None),
-        links: Mutex::new(HashMap::new()),
         src_root: roots.src_path.as_os_str().as_bytes().to_vec(),
         dst_root: roots.dst_path.as_os_str().as_bytes().to_vec(),
         dst_root_fd,
@@ -256,11 +254,7 @@ fn run(
         umask,
         src_root_entries: AtomicU64::new(0),
         dst_root_entries: AtomicU64::new(0),
-        extras: Mutex::new(Vec::new()),
-        replaced: Mutex::new(Vec::new()),
-        dirs: Table::new(),
-        bigs: Table::new(),
-        checks: Table::new(),
+        ledger: Ledger::default(),
         gauge: Gauge::new(jobs),
         budget,
         throttle,
@@ -268,7 +262,7 @@ fn run(
         opts,
     });
     // Its one hold is the first task's.
-    let key = shared.dirs.key();
+    let key = shared.ledger.dirs.key();
     let root = Arc::new(DirNode {
         key,
         holds: std::sync::atomic::AtomicU32::new(1),
@@ -287,7 +281,7 @@ fn run(
         parent: None,
         shared: shared.clone(),
     });
-    shared.dirs.insert(key, root);
+    shared.ledger.dirs.insert(key, root);
     let first = match roots.single {
         None => {
             Listing::found(&shared.stats);
@@ -358,16 +352,14 @@ fn run(
     // here, and big files still open go, which removes their temporaries
     // (or, journaled, keeps them for the rerun).
     drop(shared.queue.close());
-    shared.bigs.clear();
-    shared.checks.clear();
+    shared.ledger.bigs.clear();
+    shared.ledger.checks.clear();
     if !shared.stopped() && shared.opts.delete {
         crate::delete::run(&shared);
         crate::worker::replace(&shared);
     }
     // Directories hold `shared`: let them go whatever happened.
-    shared.replaced.lock().expect("replaced lock").clear();
-    shared.links.lock().expect("links lock").clear();
-    shared.dirs.clear();
+    shared.ledger.close();
     close_journal(&shared);
     if let Some(err) = shared.fatal.lock().expect("fatal lock").take() {
         return Err(JobError::Fatal(err));

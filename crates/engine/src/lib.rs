@@ -29,6 +29,7 @@ pub mod hash;
 pub mod image;
 mod job;
 mod journal;
+mod ledger;
 mod meta;
 pub mod options;
 pub mod plan;

@@ -11,6 +11,7 @@ use crate::budget::Budget;
 use crate::error::{EntryError, Reason, Side};
 use crate::gauge::{Activity, Gauge};
 use crate::journal::Journal;
+use crate::ledger::{Claim, Key, Links, Table};
 use crate::options::{CopyOptions, Reporter, Stats};
 use crate::queue::{Lane, Queue};
 use crate::source::{Source, SrcFile};
@@ -18,23 +19,10 @@ use crate::throttle::Throttle;
 use crate::tune::Gate;
 use sluice_sys::{AlignedBuf, Errno, Stat};
 use sluice_walk::DirStream;
-use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-
-/// Hard-link bookkeeping for one source inode with more than one name.
-pub(crate) enum LinkState {
-    /// Its first name is being copied; later names wait here (each
-    /// holding its directory open and unfinished).
-    Copying(Vec<(Arc<DirNode>, CString)>),
-    /// Copied; later names are linked to this path relative to DST, whose
-    /// inode number in DST is given.
-    Done(Vec<u8>, u64),
-    /// The first copy failed; later names fail too.
-    Failed,
-}
 
 /// State shared by the streams of one job.
 pub(crate) struct Shared {
@@ -51,7 +39,6 @@ pub(crate) struct Shared {
     /// frees space).
     pub(crate) halted: Arc<AtomicBool>,
     pub(crate) fatal: Mutex<Option<EntryError>>,
-    pub links: Mutex<HashMap<(u32, u32, u64), LinkState>>,
     pub(crate) src_root: Vec<u8>,
     pub(crate) dst_root: Vec<u8>,
     /// DST's root directory, for linking later names of a hard-linked file.
@@ -88,16 +75,9 @@ pub(crate) struct Shared {
     pub src_root_entries: AtomicU64,
     /// Entries DST's root had before the run (state files not counted).
     pub dst_root_entries: AtomicU64,
-    /// Entries of DST that SRC lacks, for `--delete` after the walk.
-    pub extras: Mutex<Vec<Extras>>,
-    /// Entries waiting for `--delete` to remove the directory in their way.
-    pub(crate) replaced: Mutex<Vec<Replacement>>,
-    /// Directories in flight, by the key tasks name them with.
-    pub(crate) dirs: Table<DirNode>,
-    /// Big files being copied chunk by chunk, by key.
-    pub(crate) bigs: Table<BigFile>,
-    /// Big files being compared chunk by chunk (`verify`), by key.
-    pub(crate) checks: Table<CheckBig>,
+    /// What is in flight, the hard-link groups, and what waits for the
+    /// end of the walk.
+    pub(crate) ledger: Ledger,
     /// What each stream is doing, sampled for the bottleneck report.
     pub gauge: Gauge,
     /// Streams and buffer size that fit `--mem-limit`.
@@ -235,52 +215,88 @@ impl Shared {
     }
 }
 
-/// The key of a value in flight in a [`Table`]: what a task names a
-/// directory or a big file by. Keys are never reused within a job, so a
-/// task that outlived its value finds nothing rather than another's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub(crate) struct Key(u64);
+/// A hard-linked name waiting for its group's data: its directory (held)
+/// and its name there.
+pub(crate) type Waiting = (Arc<DirNode>, CString);
 
-/// Values in flight that tasks name by [`Key`]: a stream looks one up when
-/// it takes a task. Lookups happen once per task (a batch of up to
-/// [`BATCH`] files, a directory, a chunk), never per file.
-pub(crate) struct Table<T> {
-    map: Mutex<HashMap<u64, Arc<T>>>,
-    next: AtomicU64,
+/// A job's bookkeeping, in one place, fed by what the streams report:
+/// the directories and big files in flight (by the keys tasks carry), the
+/// hard-link groups, the extras DST has that SRC lacks, and the entries
+/// waiting for `--delete` to remove a directory in their way.
+#[derive(Default)]
+pub(crate) struct Ledger {
+    /// Directories in flight.
+    pub dirs: Table<DirNode>,
+    /// Big files being copied chunk by chunk.
+    pub bigs: Table<BigFile>,
+    /// Big files being compared chunk by chunk (`verify`).
+    pub checks: Table<CheckBig>,
+    /// A waiting name holds its directory until it is linked.
+    links: Mutex<Links<(u32, u32, u64), Waiting>>,
+    extras: Mutex<Vec<Extras>>,
+    replaced: Mutex<Vec<Replacement>>,
 }
 
-impl<T> Table<T> {
-    pub fn new() -> Self {
-        Table {
-            map: Mutex::new(HashMap::new()),
-            next: AtomicU64::new(0),
-        }
+impl Ledger {
+    /// Name `name` in `node` of hard-link group `key` is to be copied:
+    /// see [`Links::claim`]. A name that waits holds its directory.
+    pub fn claim_link(&self, key: (u32, u32, u64), node: &Arc<DirNode>, name: &CStr) -> Claim {
+        self.links.lock().expect("links lock").claim(key, || {
+            node.hold();
+            (node.clone(), name.to_owned())
+        })
     }
 
-    /// A fresh key, for a value about to be inserted (which may need to
-    /// know its own key).
-    pub fn key(&self) -> Key {
-        Key(self.next.fetch_add(1, Relaxed))
+    /// The first copy of group `key` ended (at `rel`, inode `ino`, or
+    /// failed): the names that waited, each holding its directory.
+    pub fn settle_link(
+        &self,
+        key: (u32, u32, u64),
+        copied: Option<(Vec<u8>, u64)>,
+    ) -> Vec<Waiting> {
+        self.links.lock().expect("links lock").settle(key, copied)
     }
 
-    pub fn insert(&self, key: Key, value: Arc<T>) {
-        self.map.lock().expect("table lock").insert(key.0, value);
+    /// Whether DST's inode `ino` for a name of group `key` is linked as in
+    /// SRC: see [`Links::intact`].
+    pub fn link_intact(
+        &self,
+        key: (u32, u32, u64),
+        rel: impl FnOnce() -> Vec<u8>,
+        ino: u64,
+    ) -> bool {
+        self.links.lock().expect("links lock").intact(key, rel, ino)
     }
 
-    /// The value `key` names, unless it was removed.
-    pub fn get(&self, key: Key) -> Option<Arc<T>> {
-        self.map.lock().expect("table lock").get(&key.0).cloned()
+    /// Entries of a DST directory that SRC lacks, for `--delete`.
+    pub fn found_extras(&self, extras: Extras) {
+        self.extras.lock().expect("extras lock").push(extras);
     }
 
-    pub fn remove(&self, key: Key) -> Option<Arc<T>> {
-        self.map.lock().expect("table lock").remove(&key.0)
+    pub fn take_extras(&self) -> Vec<Extras> {
+        std::mem::take(&mut *self.extras.lock().expect("extras lock"))
     }
 
-    /// Lets every value go (the end of a job, stopped or not): what their
-    /// `Drop` does (a big file's temporary) happens here.
-    pub fn clear(&self) {
-        let all = std::mem::take(&mut *self.map.lock().expect("table lock"));
-        drop(all);
+    /// An entry to copy once `--delete` removed the directory in its way;
+    /// it holds its directory until then.
+    pub fn replace_later(&self, r: Replacement) {
+        r.node.hold();
+        self.replaced.lock().expect("replaced lock").push(r);
+    }
+
+    pub fn take_replacements(&self) -> Vec<Replacement> {
+        std::mem::take(&mut *self.replaced.lock().expect("replaced lock"))
+    }
+
+    /// The end of a job, whatever happened: big files still open go (their
+    /// `Drop` removes or keeps their temporaries), and so does every
+    /// directory (which hold the job's state).
+    pub fn close(&self) {
+        self.bigs.clear();
+        self.checks.clear();
+        self.replaced.lock().expect("replaced lock").clear();
+        self.links.lock().expect("links lock").clear();
+        self.dirs.clear();
     }
 }
 
@@ -681,16 +697,5 @@ mod tests {
             assert_eq!(back, t, "{text}");
             assert_eq!(back.holds(), t.holds());
         }
-    }
-
-    #[test]
-    fn keys_are_not_reused() {
-        let t: Table<u32> = Table::new();
-        let a = t.key();
-        t.insert(a, Arc::new(1));
-        assert_eq!(t.remove(a).as_deref(), Some(&1));
-        let b = t.key();
-        assert_ne!(a, b);
-        assert!(t.get(a).is_none());
     }
 }

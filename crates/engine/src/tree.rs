@@ -55,7 +55,7 @@ impl DirNode {
                 return;
             }
             let shared = &node.shared;
-            shared.dirs.remove(node.key);
+            shared.ledger.dirs.remove(node.key);
             if node.owned && !shared.stopped() {
                 if let Err((op, e)) = node.finish() {
                     shared.fail(node.self_error(Side::Dst, op, Reason::Os(e)));

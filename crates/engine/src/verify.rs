@@ -265,7 +265,7 @@ impl Worker {
         }
         // Held until it is finished; named by key on the queue.
         node.hold();
-        let key = sh.checks.key();
+        let key = sh.ledger.checks.key();
         let big = Arc::new(CheckBig {
             key,
             node: node.clone(),
@@ -280,7 +280,7 @@ impl Worker {
             differs: AtomicBool::new(false),
             failed: Mutex::new(None),
         });
-        sh.checks.insert(key, big);
+        sh.ledger.checks.insert(key, big);
         for _ in 0..chunks.min(sh.budget.jobs as u64) {
             self.queue_task(Task::Check { big: key });
         }
@@ -328,7 +328,7 @@ impl Worker {
     /// Called once, by the stream that compared the last chunk: the file
     /// leaves the table and releases its directory.
     fn finish_check(&mut self, big: &CheckBig) {
-        self.shared.checks.remove(big.key);
+        self.shared.ledger.checks.remove(big.key);
         if !self.shared.stopped() {
             self.settle_check(big);
             big.node.release();

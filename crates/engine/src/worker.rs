@@ -46,6 +46,7 @@ impl Worker {
             .then(|| Listing::begun(&shared.stats));
         let node = task.holds().map(|key| {
             shared
+                .ledger
                 .dirs
                 .get(key)
                 .expect("a task's directory is held until the task has run")
@@ -96,12 +97,12 @@ impl Worker {
                 }
             }
             Task::Chunk { big } => {
-                if let Some(big) = self.shared.bigs.get(big) {
+                if let Some(big) = self.shared.ledger.bigs.get(big) {
                     self.run_chunks(big)
                 }
             }
             Task::Check { big } => {
-                if let Some(big) = self.shared.checks.get(big) {
+                if let Some(big) = self.shared.ledger.checks.get(big) {
                     self.run_check_chunks(big)
                 }
             }
@@ -241,7 +242,7 @@ impl Worker {
         };
         // Its one hold is this listing's; it holds its parent until done.
         parent.hold();
-        let key = self.shared.dirs.key();
+        let key = self.shared.ledger.dirs.key();
         let node = Arc::new(DirNode {
             key,
             holds: AtomicU32::new(1),
@@ -258,7 +259,7 @@ impl Worker {
             parent: Some(parent.clone()),
             shared: self.shared.clone(),
         });
-        self.shared.dirs.insert(key, node.clone());
+        self.shared.ledger.dirs.insert(key, node.clone());
         if descend {
             self.list(&node);
         }
@@ -435,7 +436,7 @@ fn vanished(shared: &Shared, rel: &[u8]) {
 /// run one after another). A directory still there (deletes were skipped
 /// or stopped, which was reported) is reported again for this entry.
 pub(crate) fn replace(shared: &Arc<Shared>) {
-    let replaced = std::mem::take(&mut *shared.replaced.lock().expect("replaced lock"));
+    let replaced = shared.ledger.take_replacements();
     if replaced.is_empty() {
         return;
     }
