@@ -90,8 +90,13 @@ impl Command {
 #[derive(Args)]
 pub struct ServeArgs {
     /// Speak the protocol on stdin and stdout (the only way so far).
-    #[arg(long, required = true)]
+    #[arg(long, required_unless_present = "relay")]
     pub stdio: bool,
+    /// Carry one data stream between stdin/stdout and the local `sluice
+    /// serve` listening on PORT: what a client runs over its own ssh
+    /// connection when it cannot reach that port directly.
+    #[arg(long, value_name = "PORT", conflicts_with = "stdio", hide = true)]
+    pub relay: Option<u16>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]

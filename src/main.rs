@@ -165,6 +165,15 @@ fn main() -> ExitCode {
             clap_complete::generate(shell, &mut args::Cli::command(), "sluice", &mut out);
             print_out(&out)
         }
+        args::Command::Serve(args::ServeArgs {
+            relay: Some(port), ..
+        }) => match sluice_remote::streams::relay(port) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sluice serve: relaying to port {port}: {e}");
+                ExitCode::from(2)
+            }
+        },
         args::Command::Serve(_) => match serve_stdio() {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

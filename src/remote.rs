@@ -7,6 +7,8 @@ use crate::location::Location;
 use crate::output::Pushed;
 use sluice_engine::source::LocalSource;
 use sluice_engine::source::Source;
+use sluice_remote::peer::Route;
+use sluice_remote::streams::Pipe;
 use sluice_remote::wire::Msg;
 use sluice_remote::{ConnectError, Handler, Peer, RemoteSource};
 use std::io::Write;
@@ -14,6 +16,31 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
+
+/// One data stream through its own ssh connection: `sluice serve --relay
+/// PORT` over there carries it to the listener on that host's loopback.
+fn relay(reach: &RemoteArgs, login: &str, port: u16) -> std::io::Result<Pipe> {
+    let mut words = reach.rsh.split_whitespace();
+    let program = words.next().unwrap_or("ssh");
+    let mut child = Command::new(program)
+        .args(words)
+        .arg(login)
+        .arg(&reach.remote_path)
+        .args(["serve", "--relay", &port.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let (Some(out), Some(into)) = (child.stdout.take(), child.stdin.take()) else {
+        let _ = child.kill();
+        return Err(std::io::Error::other("no pipes to the relaying ssh"));
+    };
+    Ok(Pipe {
+        child: Arc::new(std::sync::Mutex::new(child)),
+        out,
+        into,
+    })
+}
 
 /// A running `sluice serve` on another host.
 pub struct Session {
@@ -86,16 +113,27 @@ impl Session {
 
     /// Opens the data streams `reach` asks for to `host`, this end asking
     /// on them (`ask`: it reads the far end's files) or answering. Where
-    /// they cannot be opened, says so; data then goes over ssh.
-    pub fn open_streams(&self, reach: &RemoteArgs, host: &str, ask: bool) {
+    /// no direct connection gets through, each runs through its own ssh
+    /// process; where neither works, says so, and data goes over ssh.
+    pub fn open_streams(&self, reach: &RemoteArgs, login: &str, ask: bool) {
         if reach.streams == 0 {
             return;
         }
-        if let Err(why) = self
+        let host = login.rsplit('@').next().unwrap_or(login);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let relay = |port: u16| relay(reach, login, port);
+        match self
             .conn
-            .open_streams(reach.streams, !reach.no_encryption, host, ask)
+            .open_streams(reach.streams, !reach.no_encryption, host, ask, &relay)
         {
-            eprintln!("sluice: no data streams to {host} ({why}); data goes over ssh");
+            Ok((_, Route::Direct)) => {}
+            Ok((n, Route::Relayed)) => eprintln!(
+                "sluice: {host} takes no direct connections; {n} data streams go through \
+                 their own ssh connections"
+            ),
+            Err(why) => {
+                eprintln!("sluice: no data streams to {host} ({why}); data goes over ssh")
+            }
         }
     }
 
@@ -177,8 +215,7 @@ pub fn push_command(
         }
     };
     // The far end reads this end's files: this end answers on the streams.
-    let host = login.rsplit('@').next().unwrap_or(login);
-    session.open_streams(reach, host, false);
+    session.open_streams(reach, login, false);
     // The same command line, with DST as the path over there: the far end
     // parses it as this one did.
     let mut argv: Vec<Vec<u8>> = std::env::args_os()
@@ -250,7 +287,7 @@ impl Opened {
                 };
                 let ignore: Handler = Box::new(|_, _| {});
                 let s = Session::start(&login, reach, on_lost, ignore)?;
-                s.open_streams(reach, &host, true);
+                s.open_streams(reach, &login, true);
                 (s.source.clone(), path, Some(s))
             }
         };

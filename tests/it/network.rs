@@ -201,6 +201,36 @@ impl SshRig {
         ));
     }
 
+    /// Lets only ssh through from the client: a host behind a firewall
+    /// that takes nothing but ssh. (This kernel has no tc actions to drop
+    /// with, so everything else waits in an HTB class of 8 bit/s, already
+    /// a long way in debt from one big ping: a connection attempt never
+    /// gets its first packet out.)
+    fn only_ssh_in(&self) {
+        let dev = &self.client_if;
+        let batch = format!(
+            "qdisc add dev {dev} root handle 1: htb default 20
+             class add dev {dev} parent 1: classid 1:10 htb rate 1gbit
+             class add dev {dev} parent 1: classid 1:20 htb rate 8bit ceil 8bit
+             filter add dev {dev} parent 1: prio 1 protocol ip u32 match ip dport 22 0xffff flowid 1:10
+             filter add dev {dev} parent 1: prio 2 protocol arp u32 match u32 0 0 flowid 1:10
+"
+        );
+        let file = self.dir.path().join("firewall.tc");
+        fs::write(&file, batch).unwrap();
+        let ns = &self.client_ns;
+        assert!(run(
+            "ip",
+            &["netns", "exec", ns, "tc", "-batch", file.to_str().unwrap()]
+        ));
+        let _ = Command::new("ip")
+            .args([
+                "netns", "exec", ns, "ping", "-c", "1", "-W", "1", "-s", "8000",
+            ])
+            .arg(&self.server_addr)
+            .output();
+    }
+
     fn link(&self, up: bool) {
         let state = if up { "up" } else { "down" };
         assert!(run(
@@ -491,4 +521,40 @@ fn a_data_stream_killed_mid_copy_loses_nothing() {
     assert_eq!(s["wire"]["data_streams"], 2, "{s}");
     assert_same_tree(&src, &dst);
     assert_no_temporaries(&dst);
+}
+
+#[test]
+fn with_only_ssh_let_in_each_data_stream_gets_its_own_ssh_connection() {
+    let Some(rig) = SshRig::new() else { return };
+    let t = disk_dir("net-relay");
+    let src = t.path().join("src");
+    tree(&src);
+    write(&src.join("big.bin"), &bytes(24 << 20, 9));
+    rig.only_ssh_in();
+    for (way, dst) in [
+        ("pull", t.path().join("pulled")),
+        ("push", t.path().join("pushed")),
+    ] {
+        let (from, to) = match way {
+            "pull" => (rig.remote(&src), dst.to_str().unwrap().to_string()),
+            _ => (src.to_str().unwrap().to_string(), rig.remote(&dst)),
+        };
+        let o = out(rig.sluice(&["copy", &from, &to]).args([
+            "--streams",
+            "3",
+            "--chunk-size",
+            "4M",
+            "--json",
+        ]));
+        ok(&o);
+        assert_same_tree(&src, &dst);
+        assert_no_temporaries(&dst);
+        let s = summary(&o);
+        assert_eq!(s["wire"]["data_streams"], 3, "{way}: {s}\n{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("go through their own ssh connections"),
+            "{way}: {}",
+            stderr(&o)
+        );
+    }
 }

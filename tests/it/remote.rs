@@ -19,7 +19,9 @@ use std::time::Duration;
 fn fake_ssh(dir: &Path) -> PathBuf {
     let path = dir.join("fake-ssh");
     let script = format!(
-        "#!/bin/sh\necho $$ > {}\nshift\nexec sh -c \"$*\"\n",
+        // The far end's pid is the control connection's (a data stream's
+        // relay is another process).
+        "#!/bin/sh\ncase \"$*\" in *--stdio*) echo $$ > {};; esac\nshift\nexec sh -c \"$*\"\n",
         dir.join("far.pid").display()
     );
     fs::write(&path, script).unwrap();

@@ -144,9 +144,9 @@ pub struct Peer {
     reader: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Data streams this end asks on.
     lanes: Lanes,
-    /// Every data stream's socket, either role: shut down when the
-    /// connection ends, so no thread waits on one for ever.
-    sockets: Mutex<Vec<std::net::TcpStream>>,
+    /// What ends every data stream, either role: used when the connection
+    /// ends, so no thread waits on one for ever.
+    sockets: Mutex<Vec<streams::Closer>>,
     /// Bytes received and sent, every connection of this peer together.
     counts: Arc<Counts>,
 }
@@ -182,6 +182,15 @@ impl<T: Write> Write for Counted<T> {
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
     }
+}
+
+/// How data streams reach the far end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// A TCP connection of their own.
+    Direct,
+    /// Each through its own ssh process, to the far end's loopback.
+    Relayed,
 }
 
 /// Data streams to ask on, each carrying one request and its answer at a
@@ -350,7 +359,7 @@ impl Peer {
     /// Shuts every data stream down (threads reading one wake up).
     fn shut_streams(&self) {
         for s in self.sockets.lock().expect("sockets").drain(..) {
-            let _ = s.shutdown(std::net::Shutdown::Both);
+            s.close();
         }
         self.lanes.count.store(0, Relaxed);
         self.lanes.free.lock().expect("lanes").clear();
@@ -449,15 +458,19 @@ impl Peer {
 
     /// Asks the other end to listen for `n` data streams and opens them
     /// (to `host` unless it names its address), this end asking on them if
-    /// `ask` (it reads the far end's files) or answering on them. Returns
-    /// how many opened; an error says why none did.
+    /// `ask` (it reads the far end's files) or answering on them. Where no
+    /// direct connection gets through, each stream goes through its own
+    /// process from `relay(port)` (its own ssh connection, never a channel
+    /// of the control one). Returns how many opened and how; an error says
+    /// why none did.
     pub fn open_streams(
         self: &Arc<Self>,
         n: usize,
         encrypt: bool,
         host: &str,
         ask: bool,
-    ) -> Result<usize, String> {
+        relay: &(dyn Fn(u16) -> io::Result<streams::Pipe> + Sync),
+    ) -> Result<(usize, Route), String> {
         let req = Request::Listen {
             n: n as u32,
             encrypt,
@@ -468,21 +481,50 @@ impl Peer {
             Ok(_) => return Err("the other end does not offer data streams".into()),
             Err(e) => return Err(format!("the other end could not listen: {e}")),
         };
-        let mut opened = 0;
-        for _ in 0..n {
-            match streams::connect(&offer, host) {
-                Ok(s) => {
-                    self.use_stream(s, ask);
-                    opened += 1;
-                }
-                Err(e) if opened == 0 => {
-                    let at = offer.ip.as_deref().unwrap_or(host);
-                    return Err(format!("connecting to {at} port {}: {e}", offer.port));
-                }
-                Err(_) => break,
+        let direct = match streams::connect(&offer, host) {
+            Ok(s) => Ok(s),
+            Err(e) => {
+                let at = offer.ip.as_deref().unwrap_or(host);
+                Err(format!("connecting to {at} port {}: {e}", offer.port))
             }
+        };
+        let (first, route) = match direct {
+            Ok(s) => (s, Route::Direct),
+            Err(why) => {
+                let pipe = relay(offer.port).map_err(|e| format!("{why}; relaying: {e}"))?;
+                let s = streams::connect_over(&offer, pipe)
+                    .map_err(|e| format!("{why}; relaying: {e}"))?;
+                (s, Route::Relayed)
+            }
+        };
+        self.use_stream(first, ask);
+        // The rest at once: N ssh handshakes one after another would cost
+        // N round trips of setup on a long link.
+        let rest: Vec<io::Result<Stream>> = std::thread::scope(|s| {
+            let opening: Vec<_> = (1..n)
+                .map(|_| {
+                    s.spawn(|| match route {
+                        Route::Direct => streams::connect(&offer, host),
+                        Route::Relayed => {
+                            relay(offer.port).and_then(|p| streams::connect_over(&offer, p))
+                        }
+                    })
+                })
+                .collect();
+            opening
+                .into_iter()
+                .map(|t| {
+                    t.join()
+                        .unwrap_or_else(|_| Err(io::Error::other("panicked")))
+                })
+                .collect()
+        });
+        let mut opened = 1;
+        for s in rest.into_iter().flatten() {
+            self.use_stream(s, ask);
+            opened += 1;
         }
-        Ok(opened)
+        Ok((opened, route))
     }
 
     /// Data streams this end asks on (0 once the connection ended), and
@@ -497,8 +539,8 @@ impl Peer {
 
     /// Puts a data stream to work: to ask on, or answered on a thread.
     fn use_stream(self: &Arc<Self>, s: Stream, ask: bool) {
-        if let Ok(sock) = s.socket() {
-            self.sockets.lock().expect("sockets").push(sock);
+        if let Ok(closer) = s.closer() {
+            self.sockets.lock().expect("sockets").push(closer);
         }
         if self.losing.load(Relaxed) {
             return;

@@ -25,9 +25,18 @@ use std::time::{Duration, Instant};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
 use rustls::{ClientConnection, ServerConnection, StreamOwned};
 
-/// How long the listener waits for its N connections, and a connection
-/// for its handshake and token.
+/// How long an accepted connection has for its handshake and token.
 const SETUP: Duration = Duration::from_secs(20);
+
+/// How long the listener waits for its N connections: long enough for
+/// direct attempts to fail and N ssh connections to be made in their
+/// place, one after another. It closes as soon as the N are in.
+const LISTEN: Duration = Duration::from_secs(60);
+
+/// How long a direct connection may take to answer its handshake: on a
+/// path that lets the first packet through and no more (a stateful
+/// firewall), the job waits this, once, before relaying over ssh.
+const HANDSHAKE: Duration = Duration::from_secs(5);
 
 /// How long opening a data connection may take: a firewall that drops
 /// the attempt (rather than refusing it) costs the job this, once, before
@@ -48,30 +57,87 @@ pub struct Offer {
     pub encrypt: bool,
 }
 
-/// One data connection: TLS (either side of it) or plain TCP.
+/// One data connection: TLS (either side of it) or plain, over TCP or,
+/// where TCP could not get through, over a relaying ssh process's pipes.
 pub enum Stream {
     Plain(TcpStream),
     Server(Box<StreamOwned<ServerConnection, TcpStream>>),
     Client(Box<StreamOwned<ClientConnection, TcpStream>>),
+    Pipe(Pipe),
+    ClientPipe(Box<StreamOwned<ClientConnection, Pipe>>),
+}
+
+/// A relaying process (`ssh host sluice serve --relay PORT`): its stdout
+/// to read, its stdin to write.
+pub struct Pipe {
+    pub child: Arc<Mutex<std::process::Child>>,
+    pub out: std::process::ChildStdout,
+    pub into: std::process::ChildStdin,
+}
+
+impl Read for Pipe {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.out.read(buf)
+    }
+}
+
+impl Write for Pipe {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.into.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.into.flush()
+    }
+}
+
+/// What ends a data stream from another thread.
+pub enum Closer {
+    Socket(TcpStream),
+    Process(Arc<Mutex<std::process::Child>>),
+}
+
+impl Closer {
+    pub fn close(&self) {
+        match self {
+            Closer::Socket(s) => {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            Closer::Process(c) => {
+                let mut c = c.lock().expect("relay");
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
 }
 
 impl Stream {
-    fn tcp(&self) -> &TcpStream {
+    fn tcp(&self) -> Option<&TcpStream> {
         match self {
-            Stream::Plain(s) => s,
-            Stream::Server(s) => &s.sock,
-            Stream::Client(s) => &s.sock,
+            Stream::Plain(s) => Some(s),
+            Stream::Server(s) => Some(&s.sock),
+            Stream::Client(s) => Some(&s.sock),
+            Stream::Pipe(_) | Stream::ClientPipe(_) => None,
         }
     }
 
-    /// A second handle on the socket, to shut it down from elsewhere.
-    pub fn socket(&self) -> io::Result<TcpStream> {
-        self.tcp().try_clone()
+    /// What ends this stream from elsewhere.
+    pub fn closer(&self) -> io::Result<Closer> {
+        match self {
+            Stream::Pipe(p) => Ok(Closer::Process(p.child.clone())),
+            Stream::ClientPipe(s) => Ok(Closer::Process(s.sock.child.clone())),
+            s => Ok(Closer::Socket(s.tcp().expect("a socket").try_clone()?)),
+        }
     }
 
-    /// How long a read may wait for a byte before it fails.
+    /// How long a read may wait for a byte before it fails (a relaying
+    /// process's pipe has no such limit; its ssh has keepalives).
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        self.tcp().set_read_timeout(t)
+        match self.tcp() {
+            Some(s) => s.set_read_timeout(t),
+            None => Ok(()),
+        }
     }
 }
 
@@ -81,6 +147,8 @@ impl Read for Stream {
             Stream::Plain(s) => s.read(buf),
             Stream::Server(s) => s.read(buf),
             Stream::Client(s) => s.read(buf),
+            Stream::Pipe(s) => s.read(buf),
+            Stream::ClientPipe(s) => s.read(buf),
         }
     }
 }
@@ -91,6 +159,8 @@ impl Write for Stream {
             Stream::Plain(s) => s.write(buf),
             Stream::Server(s) => s.write(buf),
             Stream::Client(s) => s.write(buf),
+            Stream::Pipe(s) => s.write(buf),
+            Stream::ClientPipe(s) => s.write(buf),
         }
     }
 
@@ -99,6 +169,8 @@ impl Write for Stream {
             Stream::Plain(s) => s.flush(),
             Stream::Server(s) => s.flush(),
             Stream::Client(s) => s.flush(),
+            Stream::Pipe(s) => s.flush(),
+            Stream::ClientPipe(s) => s.flush(),
         }
     }
 }
@@ -187,7 +259,7 @@ pub fn listen(
     std::thread::Builder::new()
         .name("data-listener".into())
         .spawn(move || {
-            let until = Instant::now() + SETUP;
+            let until = Instant::now() + LISTEN;
             while taken.load(Relaxed) < n as u64 && Instant::now() < until {
                 let (sock, from) = match listener.accept() {
                     Ok(c) => c,
@@ -251,10 +323,7 @@ fn admit(
         .write_all(b"\x01")
         .and_then(|()| stream.flush())
         .map_err(|e| e.to_string())?;
-    stream
-        .tcp()
-        .set_read_timeout(None)
-        .map_err(|e| e.to_string())?;
+    stream.set_read_timeout(None).map_err(|e| e.to_string())?;
     Ok(stream)
 }
 
@@ -336,32 +405,96 @@ pub fn connect(offer: &Offer, host: &str) -> io::Result<Stream> {
         })
         .ok_or(last)?;
     sock.set_nodelay(true)?;
-    sock.set_read_timeout(Some(SETUP))?;
-    let mut stream = if offer.encrypt {
-        let provider = provider();
-        let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .map_err(io::Error::other)?
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(Pinned {
-                fingerprint: offer.fingerprint,
-                provider,
-            }))
-            .with_no_client_auth();
-        let name = ServerName::try_from("sluice").expect("a valid name");
-        let conn = ClientConnection::new(Arc::new(config), name).map_err(io::Error::other)?;
-        Stream::Client(Box::new(StreamOwned::new(conn, sock)))
-    } else {
-        Stream::Plain(sock)
+    sock.set_read_timeout(Some(HANDSHAKE))?;
+    let stream = match tls(offer)? {
+        Some(conn) => Stream::Client(Box::new(StreamOwned::new(conn, sock))),
+        None => Stream::Plain(sock),
     };
-    stream.write_all(&offer.token)?;
-    stream.flush()?;
+    present(stream, offer)
+}
+
+/// Opens one data stream through a relaying process (its ssh connection
+/// carries it to the listener on the far host's loopback): TLS and the
+/// token as over TCP.
+pub fn connect_over(offer: &Offer, pipe: Pipe) -> io::Result<Stream> {
+    let stream = match tls(offer)? {
+        Some(conn) => Stream::ClientPipe(Box::new(StreamOwned::new(conn, pipe))),
+        None => Stream::Pipe(pipe),
+    };
+    present(stream, offer)
+}
+
+/// The client side of TLS pinned to the offer's fingerprint, if it asks
+/// for encryption.
+fn tls(offer: &Offer) -> io::Result<Option<ClientConnection>> {
+    if !offer.encrypt {
+        return Ok(None);
+    }
+    let provider = provider();
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(io::Error::other)?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(Pinned {
+            fingerprint: offer.fingerprint,
+            provider,
+        }))
+        .with_no_client_auth();
+    let name = ServerName::try_from("sluice").expect("a valid name");
+    ClientConnection::new(Arc::new(config), name)
+        .map(Some)
+        .map_err(io::Error::other)
+}
+
+/// Presents the token and waits for the listener to take the stream.
+fn present(mut stream: Stream, offer: &Offer) -> io::Result<Stream> {
+    // A read timeout shows as "temporarily unavailable": say what it is.
+    let silent = |e: io::Error| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("no answer to the handshake in {} s", HANDSHAKE.as_secs()),
+        ),
+        _ => e,
+    };
+    stream.write_all(&offer.token).map_err(silent)?;
+    stream.flush().map_err(silent)?;
     let mut ack = [0u8; 1];
-    stream
-        .read_exact(&mut ack)
-        .map_err(|e| io::Error::new(e.kind(), format!("the data stream was refused ({e})")))?;
-    stream.tcp().set_read_timeout(None)?;
+    stream.read_exact(&mut ack).map_err(|e| {
+        let e = silent(e);
+        io::Error::new(e.kind(), format!("the data stream was refused ({e})"))
+    })?;
+    stream.set_read_timeout(None)?;
     Ok(stream)
+}
+
+/// `sluice serve --relay PORT`: carries stdin to the local listener on
+/// PORT and what it sends to stdout, until either side closes.
+pub fn relay(port: u16) -> io::Result<()> {
+    let sock =
+        TcpStream::connect(("127.0.0.1", port)).or_else(|_| TcpStream::connect(("::1", port)))?;
+    sock.set_nodelay(true)?;
+    let mut back = sock.try_clone()?;
+    // Stdout is line-buffered: each read is passed on and flushed as it
+    // comes, or a reply short of a newline would wait for ever.
+    let down = std::thread::spawn(move || -> io::Result<()> {
+        let mut out = std::io::stdout().lock();
+        let mut buf = vec![0u8; 256 << 10];
+        loop {
+            let n = match back.read(&mut buf) {
+                Ok(0) => return Ok(()),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            out.write_all(&buf[..n])?;
+            out.flush()?;
+        }
+    });
+    let mut to = sock.try_clone()?;
+    let up = io::copy(&mut std::io::stdin().lock(), &mut to);
+    let _ = sock.shutdown(std::net::Shutdown::Write);
+    let _ = down.join();
+    up.map(|_| ())
 }
 
 #[cfg(test)]
