@@ -676,7 +676,7 @@ pub fn busy_line(b: &Busy, verdict: Option<&str>) -> String {
 /// The human summary printed at the end of a run.
 /// What crossed the connections to another host, for `--json`.
 pub fn wire_json(w: &Wire) -> serde_json::Value {
-    json!({"data_streams": w.streams, "bytes_received": w.bytes_received,
+    json!({"data_streams": w.streams, "streams_dropped": w.streams_dropped, "bytes_received": w.bytes_received,
            "bytes_sent": w.bytes_sent})
 }
 
@@ -686,6 +686,10 @@ pub fn wire_line(w: &Wire) -> String {
         0 => "over ssh".to_string(),
         1 => "1 data stream beside ssh".to_string(),
         n => format!("{n} data streams beside ssh"),
+    };
+    let over = match w.streams_dropped {
+        0 => over,
+        k => format!("{over}; {k} broke mid-job"),
     };
     format!(
         "wire: {} received, {} sent ({over})",

@@ -7,7 +7,7 @@ use crate::location::Location;
 use crate::output::Pushed;
 use sluice_engine::source::LocalSource;
 use sluice_engine::source::Source;
-use sluice_remote::peer::Route;
+use sluice_remote::peer::{Relay, Route};
 use sluice_remote::streams::Pipe;
 use sluice_remote::wire::Msg;
 use sluice_remote::{ConnectError, Handler, Peer, RemoteSource};
@@ -121,10 +121,11 @@ impl Session {
         }
         let host = login.rsplit('@').next().unwrap_or(login);
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        let relay = |port: u16| relay(reach, login, port);
+        let (reach_, login_) = (reach.clone(), login.to_string());
+        let relay: Relay = Arc::new(move |port: u16| relay(&reach_, &login_, port));
         match self
             .conn
-            .open_streams(reach.streams, !reach.no_encryption, host, ask, &relay)
+            .open_streams(reach.streams, !reach.no_encryption, host, ask, relay)
         {
             Ok((_, Route::Direct)) => {}
             Ok((n, Route::Relayed)) => eprintln!(

@@ -453,13 +453,24 @@ fn several_data_streams_carry_more_than_one_on_a_per_flow_capped_link() {
 }
 
 #[test]
-fn a_data_stream_killed_mid_copy_loses_nothing() {
+fn a_data_stream_killed_mid_copy_loses_nothing_and_is_replaced() {
     let Some(rig) = SshRig::new() else { return };
     let t = disk_dir("net-kill-stream");
-    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    let src = t.path().join("src");
     write(&src.join("big.bin"), &bytes(48 << 20, 8));
+    for way in ["pull", "push"] {
+        let dst = t.path().join(way);
+        let (from, to) = match way {
+            "pull" => (rig.remote(&src), dst.to_str().unwrap().to_string()),
+            _ => (src.to_str().unwrap().to_string(), rig.remote(&dst)),
+        };
+        kill_a_stream_mid_copy(&rig, &from, &to, &src, &dst);
+    }
+}
+
+fn kill_a_stream_mid_copy(rig: &SshRig, from: &str, to: &str, src: &Path, dst: &Path) {
     let child = rig
-        .sluice(&["copy", &rig.remote(&src), dst.to_str().unwrap()])
+        .sluice(&["copy", from, to])
         .args([
             "--streams",
             "3",
@@ -518,9 +529,11 @@ fn a_data_stream_killed_mid_copy_loses_nothing() {
     let o = child.wait_with_output().unwrap();
     ok(&o);
     let s = summary(&o);
-    assert_eq!(s["wire"]["data_streams"], 2, "{s}");
-    assert_same_tree(&src, &dst);
-    assert_no_temporaries(&dst);
+    // The broken stream was replaced: the job ends with the 3 it asked for.
+    assert_eq!(s["wire"]["streams_dropped"], 1, "{from} to {to}: {s}");
+    assert_eq!(s["wire"]["data_streams"], 3, "{from} to {to}: {s}");
+    assert_same_tree(src, dst);
+    assert_no_temporaries(dst);
 }
 
 #[test]

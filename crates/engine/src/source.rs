@@ -246,6 +246,9 @@ pub trait Source: Send + Sync {
 pub struct Wire {
     /// Direct data connections besides the control connection.
     pub streams: usize,
+    /// Data connections that broke during the job (each replaced if it
+    /// could be).
+    pub streams_dropped: u64,
     pub bytes_received: u64,
     pub bytes_sent: u64,
 }

@@ -147,6 +147,11 @@ pub struct Peer {
     /// What ends every data stream, either role: used when the connection
     /// ends, so no thread waits on one for ever.
     sockets: Mutex<Vec<streams::Closer>>,
+    /// Told when a data stream breaks, at the end that opens them: one is
+    /// opened in its place.
+    stream_lost: Mutex<Option<mpsc::Sender<()>>>,
+    /// Data streams this end asked on that broke.
+    dropped: AtomicU64,
     /// Bytes received and sent, every connection of this peer together.
     counts: Arc<Counts>,
 }
@@ -183,6 +188,10 @@ impl<T: Write> Write for Counted<T> {
         self.inner.flush()
     }
 }
+
+/// Opens one data stream through its own process (an ssh connection of its
+/// own), to the listener on the far host's port given.
+pub type Relay = Arc<dyn Fn(u16) -> io::Result<streams::Pipe> + Send + Sync>;
 
 /// How data streams reach the far end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -251,6 +260,8 @@ impl Peer {
                 count: AtomicUsize::new(0),
             },
             sockets: Mutex::new(Vec::new()),
+            stream_lost: Mutex::new(None),
+            dropped: AtomicU64::new(0),
         });
         let reader = peer.clone();
         let handle = std::thread::Builder::new()
@@ -462,14 +473,59 @@ impl Peer {
     /// direct connection gets through, each stream goes through its own
     /// process from `relay(port)` (its own ssh connection, never a channel
     /// of the control one). Returns how many opened and how; an error says
-    /// why none did.
+    /// why none did. From then on, a stream that breaks is replaced the
+    /// same way (a few times over: a link that keeps breaking them is left
+    /// to the streams that stay, or to the control connection).
     pub fn open_streams(
         self: &Arc<Self>,
         n: usize,
         encrypt: bool,
         host: &str,
         ask: bool,
-        relay: &(dyn Fn(u16) -> io::Result<streams::Pipe> + Sync),
+        relay: Relay,
+    ) -> Result<(usize, Route), String> {
+        let opened = self.connect_streams(n, encrypt, host, ask, &*relay)?;
+        let (tx, rx) = mpsc::channel::<()>();
+        *self.stream_lost.lock().expect("stream lost") = Some(tx);
+        let peer = Arc::downgrade(self);
+        let host = host.to_string();
+        let _ = std::thread::Builder::new()
+            .name("data-reconnect".into())
+            .spawn(move || {
+                let mut left = 2 * n.max(2);
+                for () in rx {
+                    std::thread::sleep(std::time::Duration::from_millis(250));
+                    let Some(p) = peer.upgrade() else { return };
+                    if p.losing.load(Relaxed) {
+                        return;
+                    }
+                    if left > 0 {
+                        left -= 1;
+                        let _ = p.connect_streams(1, encrypt, &host, ask, &*relay);
+                    }
+                }
+            });
+        Ok(opened)
+    }
+
+    /// A data stream broke: the end that opens them opens another.
+    fn stream_lost(&self) {
+        if self.losing.load(Relaxed) {
+            return;
+        }
+        if let Some(tx) = &*self.stream_lost.lock().expect("stream lost") {
+            let _ = tx.send(());
+        }
+    }
+
+    /// [`Peer::open_streams`], once.
+    fn connect_streams(
+        self: &Arc<Self>,
+        n: usize,
+        encrypt: bool,
+        host: &str,
+        ask: bool,
+        relay: &(dyn Fn(u16) -> io::Result<streams::Pipe> + Send + Sync),
     ) -> Result<(usize, Route), String> {
         let req = Request::Listen {
             n: n as u32,
@@ -532,6 +588,7 @@ impl Peer {
     pub fn wire(&self) -> Wire {
         Wire {
             streams: self.lanes.count.load(Relaxed),
+            streams_dropped: self.dropped.load(Relaxed),
             bytes_received: self.counts.received.load(Relaxed),
             bytes_sent: self.counts.sent.load(Relaxed),
         }
@@ -612,12 +669,15 @@ impl Peer {
                     return Some(a);
                 }
                 None => {
-                    // Broken: dropped; the call goes to another stream.
+                    // Broken: dropped; the call goes to another stream,
+                    // and one is opened in its place.
                     let _ = self
                         .lanes
                         .count
                         .fetch_update(Relaxed, Relaxed, |c| c.checked_sub(1));
                     self.lanes.ready.notify_all();
+                    self.dropped.fetch_add(1, Relaxed);
+                    self.stream_lost();
                 }
             }
         }
@@ -714,6 +774,11 @@ fn answer_stream(peer: std::sync::Weak<Peer>, mut s: Counted<Stream>) {
     let mut data = Vec::new();
     let mut list = DirStream::default();
     let mut buf = AlignedBuf::new(1 << 20);
+    let broke = || {
+        if let Some(p) = peer.upgrade() {
+            p.stream_lost();
+        }
+    };
     while let Ok(true) = wire::recv_raw(&mut s, &mut frame) {
         let Some(peer) = peer.upgrade() else { return };
         let sent = match wire::decode::<Msg>(&frame) {
@@ -732,9 +797,10 @@ fn answer_stream(peer: std::sync::Weak<Peer>, mut s: Counted<Stream>) {
             _ => return, // nothing else is asked on a data stream
         };
         if sent.and_then(|()| s.flush()).is_err() {
-            return;
+            return broke();
         }
     }
+    broke()
 }
 
 /// Reads what goes along with a listing: the small regular files (up to
