@@ -42,7 +42,8 @@ impl Worker {
 
     fn run_task(&mut self, task: Task) {
         let shared = self.shared.clone();
-        let _listing = matches!(task, Task::List { .. } | Task::Dir { .. })
+        // Ends when the listing is over (or never starts).
+        let listing = matches!(task, Task::List { .. } | Task::Dir { .. })
             .then(|| Listing::begun(&shared.stats));
         let node = task.holds().map(|key| {
             shared
@@ -52,7 +53,7 @@ impl Worker {
                 .expect("a task's directory is held until the task has run")
         });
         if !shared.stopped() {
-            self.run_held(task, node.as_ref());
+            self.run_held(task, node.as_ref(), listing);
         }
         // Dropping a task unrun (a stopped job) releases nothing: nothing
         // is finished on a stopped job, and its table goes at the end.
@@ -61,8 +62,9 @@ impl Worker {
         }
     }
 
-    /// Runs a task; `node` is the directory it holds.
-    fn run_held(&mut self, task: Task, node: Option<&Arc<DirNode>>) {
+    /// Runs a task; `node` is the directory it holds, `listing` the walk's
+    /// count of it if it lists one.
+    fn run_held(&mut self, task: Task, node: Option<&Arc<DirNode>>, listing: Option<Listing>) {
         let node = || node.expect("the task holds a directory");
         match task {
             Task::List { .. } => {
@@ -83,9 +85,9 @@ impl Worker {
                 {
                     return;
                 }
-                self.list(node)
+                self.list(node, listing)
             }
-            Task::Dir { name, st, .. } => self.enter_dir(node(), &name, st),
+            Task::Dir { name, st, .. } => self.enter_dir(node(), &name, st, listing),
             Task::Files(batch) => {
                 let node = node();
                 for &(start, st) in &batch.entries {
@@ -141,7 +143,13 @@ impl Worker {
     }
 
     /// Opens a subdirectory, creates its copy in DST, then lists it.
-    fn enter_dir(&mut self, parent: &Arc<DirNode>, name: &CStr, st: Stat) {
+    fn enter_dir(
+        &mut self,
+        parent: &Arc<DirNode>,
+        name: &CStr,
+        st: Stat,
+        listing: Option<Listing>,
+    ) {
         let sh = &self.shared;
         let src = match sh.source.open_dir(&parent.src, name) {
             Ok(fd) => fd,
@@ -261,7 +269,7 @@ impl Worker {
         });
         self.shared.ledger.dirs.insert(key, node.clone());
         if descend {
-            self.list(&node);
+            self.list(&node, listing);
         }
         node.release();
     }
@@ -300,7 +308,7 @@ impl Worker {
 
     /// Lists a directory: subdirectories become tasks, big files become
     /// chunk tasks, everything else is batched.
-    fn list(&mut self, node: &Arc<DirNode>) {
+    fn list(&mut self, node: &Arc<DirNode>, listing: Option<Listing>) {
         let mut stream = self.scratch.stream.take().unwrap_or_default();
         let mut batch = FileBatch::new(node.key);
         let shared = self.shared.clone();
@@ -393,6 +401,8 @@ impl Worker {
         if let Err(e) = res {
             shared.fail(node.self_error(Side::Src, "read directory", Reason::Os(e)));
         }
+        // Listed: its entries are counted, whatever is left to copy.
+        drop(listing);
         if !batch.entries.is_empty() {
             node.hold();
             self.run_task(Task::Files(batch));
