@@ -175,9 +175,10 @@ pub struct RemoteArgs {
     /// Direct TCP connections file data crosses, beside the ssh
     /// connection (TLS 1.3, pinned to a certificate made for the job); 0
     /// sends everything over ssh. Where they cannot connect (only ssh's
-    /// port open), data goes over ssh.
-    #[arg(long, value_name = "N", default_value_t = 4)]
-    pub streams: usize,
+    /// port open), each goes through an ssh connection of its own.
+    /// [default: 4, then more while more carry more]
+    #[arg(long, value_name = "N")]
+    pub streams: Option<usize>,
     /// Data streams in plain TCP, not TLS, for links you trust (a
     /// one-time token still admits only this job's connections).
     #[arg(long)]

@@ -116,16 +116,20 @@ impl Session {
     /// no direct connection gets through, each runs through its own ssh
     /// process; where neither works, says so, and data goes over ssh.
     pub fn open_streams(&self, reach: &RemoteArgs, login: &str, ask: bool) {
-        if reach.streams == 0 {
-            return;
-        }
+        // Not given: 4 to start, and the end that reads adds more while
+        // more carry more.
+        let (n, tune) = match reach.streams {
+            Some(0) => return,
+            Some(n) => (n, false),
+            None => (4, true),
+        };
         let host = login.rsplit('@').next().unwrap_or(login);
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let (reach_, login_) = (reach.clone(), login.to_string());
         let relay: Relay = Arc::new(move |port: u16| relay(&reach_, &login_, port));
         match self
             .conn
-            .open_streams(reach.streams, !reach.no_encryption, host, ask, relay)
+            .open_streams(n, !reach.no_encryption, host, ask, tune, relay)
         {
             Ok((_, Route::Direct)) => {}
             Ok((n, Route::Relayed)) => eprintln!(

@@ -33,6 +33,12 @@ const THREADS: usize = 32;
 /// The longest a data stream may be silent while an answer is awaited.
 const STREAM_SILENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// The most data streams the tuner grows to.
+pub const MOST_STREAMS: usize = 32;
+
+/// How often the tuner looks at the streams.
+const TUNE_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Why a connection could not be made.
 #[derive(Debug)]
 pub enum ConnectError {
@@ -149,7 +155,10 @@ pub struct Peer {
     sockets: Mutex<Vec<streams::Closer>>,
     /// Told when a data stream breaks, at the end that opens them: one is
     /// opened in its place.
-    stream_lost: Mutex<Option<mpsc::Sender<()>>>,
+    stream_lost: Mutex<Option<mpsc::Sender<Opening>>>,
+    /// This end asks on the streams and tunes how many there are.
+    tuning: AtomicBool,
+    tuner: std::sync::Once,
     /// Data streams this end asked on that broke.
     dropped: AtomicU64,
     /// Bytes received and sent, every connection of this peer together.
@@ -189,6 +198,75 @@ impl<T: Write> Write for Counted<T> {
     }
 }
 
+/// What the end that opens data streams is asked to open.
+enum Opening {
+    /// One in place of one that broke.
+    Replace,
+    /// More, for the tuner.
+    More(usize),
+}
+
+/// Grows the data streams this end asks on while more of them carry more:
+/// when callers waited for a free stream (the streams, not the disks or
+/// the engine, were what they waited on) for more than half the last
+/// look's time, it asks for as many again; if the next look's
+/// goodput is not 10% better, it stops there for the job. Streams that
+/// carry nothing extra cost little (an idle socket each), so it never
+/// takes any back.
+fn tune_streams(peer: std::sync::Weak<Peer>) {
+    let look = |p: &Peer| {
+        (
+            std::time::Instant::now(),
+            p.counts.received.load(Relaxed),
+            p.lanes.waited_ns.load(Relaxed),
+        )
+    };
+    let Some(mut last) = peer.upgrade().map(|p| look(&p)) else {
+        return;
+    };
+    // The last growth, until judged: goodput before it, the count it asked
+    // for, and looks left for the streams to open.
+    let mut judging: Option<(f64, usize, u32)> = None;
+    loop {
+        std::thread::sleep(TUNE_EVERY);
+        let Some(p) = peer.upgrade() else { return };
+        if p.losing.load(Relaxed) {
+            return;
+        }
+        let now = look(&p);
+        let secs = now.0.duration_since(last.0).as_secs_f64();
+        let rate = (now.1 - last.1) as f64 / secs;
+        let starved = (now.2 - last.2) as f64 / 1e9 / secs;
+        last = now;
+        let count = p.lanes.count.load(Relaxed);
+        match judging {
+            // Not all open yet: the window is not theirs (a relay is an
+            // ssh login); a few looks, then judged as they are.
+            Some((before, want, left)) if count < want && left > 0 => {
+                judging = Some((before, want, left - 1));
+                continue;
+            }
+            // Open: the next window is theirs.
+            Some((before, _, left)) if left != u32::MAX => {
+                judging = Some((before, 0, u32::MAX));
+                continue;
+            }
+            Some((before, _, _)) => {
+                judging = None;
+                if rate < before * 1.1 {
+                    return;
+                }
+            }
+            None => {}
+        }
+        if starved > 0.5 && count > 0 && count < MOST_STREAMS {
+            let more = count.min(MOST_STREAMS - count);
+            judging = Some((rate, count + more, 6));
+            p.want_streams(more);
+        }
+    }
+}
+
 /// Opens one data stream through its own process (an ssh connection of its
 /// own), to the listener on the far host's port given.
 pub type Relay = Arc<dyn Fn(u16) -> io::Result<streams::Pipe> + Send + Sync>;
@@ -211,6 +289,8 @@ struct Lanes {
     ready: Condvar,
     /// Streams still working (a broken one is dropped).
     count: AtomicUsize,
+    /// Time callers spent waiting for a free stream, summed.
+    waited_ns: AtomicU64,
 }
 
 struct Lane {
@@ -258,9 +338,12 @@ impl Peer {
                 free: Mutex::new(std::collections::VecDeque::new()),
                 ready: Condvar::new(),
                 count: AtomicUsize::new(0),
+                waited_ns: AtomicU64::new(0),
             },
             sockets: Mutex::new(Vec::new()),
             stream_lost: Mutex::new(None),
+            tuning: AtomicBool::new(false),
+            tuner: std::sync::Once::new(),
             dropped: AtomicU64::new(0),
         });
         let reader = peer.clone();
@@ -336,9 +419,18 @@ impl Peer {
                             n,
                             encrypt,
                             answer_here,
+                            tune,
                         } = req
                         {
+                            // Streams this end will ask on: it tunes them.
+                            if tune && !answer_here {
+                                peer.tuning.store(true, Relaxed);
+                            }
                             peer.listen(id, n, encrypt, answer_here);
+                            continue;
+                        }
+                        if let Request::MoreStreams { n } = req {
+                            peer.open_more(Opening::More(n as usize));
                             continue;
                         }
                         let reply = peer.answers.answer(req, &mut list, buf.as_mut_slice());
@@ -476,33 +568,45 @@ impl Peer {
     /// why none did. From then on, a stream that breaks is replaced the
     /// same way (a few times over: a link that keeps breaking them is left
     /// to the streams that stay, or to the control connection).
+    ///
+    /// With `tune`, the end that asks on them adds streams while more of
+    /// them carry more (see [`tune_streams`]).
     pub fn open_streams(
         self: &Arc<Self>,
         n: usize,
         encrypt: bool,
         host: &str,
         ask: bool,
+        tune: bool,
         relay: Relay,
     ) -> Result<(usize, Route), String> {
-        let opened = self.connect_streams(n, encrypt, host, ask, &*relay)?;
-        let (tx, rx) = mpsc::channel::<()>();
+        if ask && tune {
+            self.tuning.store(true, Relaxed);
+        }
+        let opened = self.connect_streams(n, encrypt, host, ask, tune, &*relay)?;
+        let (tx, rx) = mpsc::channel::<Opening>();
         *self.stream_lost.lock().expect("stream lost") = Some(tx);
         let peer = Arc::downgrade(self);
         let host = host.to_string();
         let _ = std::thread::Builder::new()
             .name("data-reconnect".into())
             .spawn(move || {
-                let mut left = 2 * n.max(2);
-                for () in rx {
-                    std::thread::sleep(std::time::Duration::from_millis(250));
+                let mut replacements = 2 * n.max(2);
+                for open in rx {
+                    let k = match open {
+                        Opening::Replace if replacements == 0 => continue,
+                        Opening::Replace => {
+                            replacements -= 1;
+                            std::thread::sleep(std::time::Duration::from_millis(250));
+                            1
+                        }
+                        Opening::More(k) => k.min(MOST_STREAMS),
+                    };
                     let Some(p) = peer.upgrade() else { return };
                     if p.losing.load(Relaxed) {
                         return;
                     }
-                    if left > 0 {
-                        left -= 1;
-                        let _ = p.connect_streams(1, encrypt, &host, ask, &*relay);
-                    }
+                    let _ = p.connect_streams(k, encrypt, &host, ask, tune, &*relay);
                 }
             });
         Ok(opened)
@@ -510,11 +614,28 @@ impl Peer {
 
     /// A data stream broke: the end that opens them opens another.
     fn stream_lost(&self) {
+        self.open_more(Opening::Replace);
+    }
+
+    /// Opens more data streams at the end that opens them (nothing
+    /// elsewhere, nor once the connection is ending).
+    fn open_more(&self, open: Opening) {
         if self.losing.load(Relaxed) {
             return;
         }
         if let Some(tx) = &*self.stream_lost.lock().expect("stream lost") {
-            let _ = tx.send(());
+            let _ = tx.send(open);
+        }
+    }
+
+    /// The asking end wants `n` more streams: opened here if this end
+    /// opens them, else asked of the other end.
+    fn want_streams(&self, n: usize) {
+        if self.stream_lost.lock().expect("stream lost").is_some() {
+            self.open_more(Opening::More(n));
+        } else {
+            let id = self.next.fetch_add(1, Relaxed);
+            self.send(id, &Msg::Req(Request::MoreStreams { n: n as u32 }));
         }
     }
 
@@ -525,12 +646,14 @@ impl Peer {
         encrypt: bool,
         host: &str,
         ask: bool,
+        tune: bool,
         relay: &(dyn Fn(u16) -> io::Result<streams::Pipe> + Send + Sync),
     ) -> Result<(usize, Route), String> {
         let req = Request::Listen {
             n: n as u32,
             encrypt,
             answer_here: ask,
+            tune,
         };
         let offer = match self.call(req) {
             Ok(Reply::Listening(o)) => o,
@@ -619,6 +742,14 @@ impl Peer {
             });
             self.lanes.count.fetch_add(1, Relaxed);
             self.lanes.ready.notify_one();
+            if self.tuning.load(Relaxed) {
+                self.tuner.call_once(|| {
+                    let peer = Arc::downgrade(self);
+                    let _ = std::thread::Builder::new()
+                        .name("data-tuner".into())
+                        .spawn(move || tune_streams(peer));
+                });
+            }
             return;
         }
         let peer = Arc::downgrade(self);
@@ -645,7 +776,10 @@ impl Peer {
                     if let Some(l) = free.pop_front() {
                         break l;
                     }
+                    let since = std::time::Instant::now();
                     free = self.lanes.ready.wait(free).expect("lanes");
+                    let waited = since.elapsed().as_nanos() as u64;
+                    self.lanes.waited_ns.fetch_add(waited, Relaxed);
                 }
             };
             let id = self.next.fetch_add(1, Relaxed);
@@ -1065,6 +1199,7 @@ impl Answers {
             Request::OpenRoot { .. }
             | Request::OpenImage { .. }
             | Request::Listen { .. }
+            | Request::MoreStreams { .. }
             | Request::Close { .. }
             | Request::Read { .. } => {
                 unreachable!("answered above, or by answer_read")

@@ -14,7 +14,7 @@ use std::ffi::CString;
 use std::io::{self, Read, Write};
 
 /// Bumped whenever a message changes shape; both ends must agree.
-pub const PROTOCOL: u32 = 2;
+pub const PROTOCOL: u32 = 3;
 
 /// The largest frame either end accepts (a directory of a few hundred
 /// thousand entries, or one read).
@@ -111,6 +111,14 @@ pub enum Request {
         n: u32,
         encrypt: bool,
         answer_here: bool,
+        /// The end that asks on the streams adds streams while more of
+        /// them carry more (`--streams` not given).
+        tune: bool,
+    },
+    /// From the end that asks on the data streams to the end that opens
+    /// them: open `n` more. Not answered.
+    MoreStreams {
+        n: u32,
     },
 }
 
