@@ -6,6 +6,10 @@ drops the page cache):
 
     bench/net.py                        # dense, mixed, huge, and a 1%-changed huge
     bench/net.py --shapes dense --repeat 1
+    bench/net.py --link 1000 --per-flow 250 --shapes dense,huge
+                                        # the link shaped: 1 Gbit/s in all, each TCP
+                                        # connection at most 250 Mbit/s (HTB; netem
+                                        # is not in this kernel, so no added delay)
 
 Two network namespaces joined by a veth pair (unshaped), an OpenSSH server
 with throwaway keys in one; every tool runs in the other and copies this
@@ -79,6 +83,39 @@ class Rig:
             time.sleep(0.1)
         sys.exit("sshd did not come up")
 
+    def shape(self, link, per_flow):
+        """What the client sends: `link` Mbit/s in all, each TCP connection
+        at most `per_flow` (HTB, connections told apart by a hash of their
+        source port into 256 classes; two may share one now and then)."""
+        lines = [f"qdisc add dev {CIF} root handle 1: htb",
+                 f"class add dev {CIF} parent 1: classid 1:1 htb rate {link}mbit",
+                 f"filter add dev {CIF} parent 1: prio 1 handle 2: protocol ip u32 divisor 256",
+                 f"filter add dev {CIF} parent 1: prio 1 protocol ip u32 ht 800:: "
+                 "match ip protocol 6 0xff hashkey mask 0x00ff0000 at 20 link 2:"]
+        for b in range(256):
+            # A small guaranteed rate, so the link's rate bounds the sum.
+            lines.append(f"class add dev {CIF} parent 1:1 classid 1:{0x100 + b:x} htb "
+                         f"rate 1mbit ceil {per_flow}mbit")
+            lines.append(f"filter add dev {CIF} parent 1: prio 1 protocol ip u32 ht 2:{b:x}: "
+                         f"match u32 0 0 flowid 1:{0x100 + b:x}")
+        path = os.path.join(self.dir, "shape.tc")
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        sh(f"ip netns exec {CLIENT} tc -batch {path}")
+
+    def iperf(self, parallel):
+        """Mbit/s iperf3 -P `parallel` gets from client to server in 5 s."""
+        srv = subprocess.Popen(["nsenter", f"--net=/var/run/netns/{SERVER}", "iperf3", "-s", "-1"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+        out = sh(f"{IN_CLIENT} iperf3 -c {SADDR} -P {parallel} -t 5 -J", capture_output=True,
+                 check=False).stdout
+        srv.wait(timeout=10)
+        try:
+            return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
+        except (ValueError, KeyError):
+            return None
+
     def down(self):
         for ns in (CLIENT, SERVER):
             sh(f"ip netns del {ns} 2>/dev/null", check=False)
@@ -110,11 +147,16 @@ def tools(rig, src, dst):
                    "--no-progress >/dev/null"),
         ("sluice --streams 0", f"{SLUICE} copy {src} {remote}:{dst} -e '{rig.ssh}' "
                                f"--remote-path {SLUICE} --streams 0 --no-progress >/dev/null"),
+        ("sluice --streams 4", f"{SLUICE} copy {src} {remote}:{dst} -e '{rig.ssh}' "
+                               f"--remote-path {SLUICE} --streams 4 --no-progress >/dev/null"),
         ("sluice --streams 8", f"{SLUICE} copy {src} {remote}:{dst} -e '{rig.ssh}' "
                                f"--remote-path {SLUICE} --streams 8 --no-progress >/dev/null"),
         ("rsync -a", f"rsync -a -e '{rig.ssh}' {src}/ {remote}:{dst}/"),
         ("scp -r", f"{rig.ssh.replace('ssh ', 'scp -q -r ', 1)} {src} {remote}:{dst}"),
         ("tar | ssh | tar", f"tar -C {src} -cf - . | {rig.ssh} {remote} 'mkdir -p {dst} && tar -C {dst} -xf -'"),
+        # What fpsync does, by hand: one rsync per top-level entry, 8 at once.
+        ("xargs -P 8 rsync", f"{rig.ssh} {remote} mkdir -p {dst} && ls -A {src} | "
+                             f"xargs -P 8 -I% rsync -a -e '{rig.ssh}' {src}/% {remote}:{dst}/"),
     ]
 
 
@@ -171,14 +213,21 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--data", default="/work/bench-data")
     ap.add_argument("--tools", help="comma-separated subset, e.g. 'sluice,rsync -a'")
+    ap.add_argument("--link", type=int, help="shape the link to this many Mbit/s")
+    ap.add_argument("--per-flow", type=int, help="...and each TCP connection to this many")
     a = ap.parse_args()
     bench.need_root("net.py")
     rig = Rig()
+    shaped = None
+    if a.link:
+        rig.shape(a.link, a.per_flow or a.link)
+        shaped = {"link_mbit": a.link, "per_flow_mbit": a.per_flow or a.link,
+                  "iperf3_P1_mbit": rig.iperf(1), "iperf3_P8_mbit": rig.iperf(8)}
     scratch = bench.Scratch("/work/bench-data/net-dst.img", 12)
     results = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
                "machine": f"{platform.node()} {os.cpu_count()} cores, {platform.release()}",
                "sluice": sh(f"{SLUICE} --version", capture_output=True).stdout.strip(),
-               "shapes": {}}
+               "shapes": {}, "shaped": shaped}
     try:
         for shape in a.shapes.split(","):
             gen, extra, words = SHAPES[shape]
@@ -203,7 +252,7 @@ def main():
                              "all_seconds": [r[1] for r in rs], "client_cpu": pick[2],
                              "server_cpu": pick[3], "wire_bytes": pick[4]})
             results["shapes"][shape] = {"what": words, "files": files, "bytes": size, "rows": rows}
-        if "huge" in a.shapes.split(","):
+        if "huge" in a.shapes.split(",") and not shaped:
             results["changed_huge"] = changed_huge(rig, scratch, a.data, 1)
     finally:
         scratch.close()
@@ -223,6 +272,14 @@ def report(r):
              "on this machine joined by an unshaped veth pair, so both share its 2 cores; each tool "
              "pushes this host's tree to the server's DST (fresh ext4 on a loop device, cold cache, "
              "final sync). CPU is user+system seconds; wire is bytes both ways on the veth.", ""]
+    if r.get("shaped"):
+        s = r["shaped"]
+        p1, p8 = s["iperf3_P1_mbit"] or 0, s["iperf3_P8_mbit"] or 0
+        lines += [f"Shaped (HTB on the client's side): {s['link_mbit']} Mbit/s in all, each TCP "
+                  f"connection at most {s['per_flow_mbit']} Mbit/s; no delay added (netem is not "
+                  f"in this kernel). iperf3 in the same run: -P 1 {p1:.0f} Mbit/s, -P 8 "
+                  f"{p8:.0f} Mbit/s. The MB/s column against the -P 8 figure "
+                  f"({p8 / 8:.0f} MB/s) is the share of the link a tool used.", ""]
     for shape, s in r["shapes"].items():
         peers = [x for x in s["rows"] if not x["tool"].startswith("sluice") and x["ok"]]
         best = {p["tool"]: p["seconds"] for p in peers}

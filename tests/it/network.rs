@@ -541,6 +541,9 @@ fn kill_a_stream_mid_copy(rig: &SshRig, from: &str, to: &str, src: &Path, dst: &
     let s = summary(&o);
     // The broken stream was replaced: the job ends with the 3 it asked for.
     assert_eq!(s["wire"]["streams_dropped"], 1, "{from} to {to}: {s}");
+    // --bwlimit holds for the streams together: 48 MiB at 16 MB/s is 3.1 s.
+    let took = s["elapsed_s"].as_f64().unwrap();
+    assert!(took > 2.9, "{from} to {to}: 48 MiB in {took:.2} s: {s}");
     assert_eq!(s["wire"]["data_streams"], 3, "{from} to {to}: {s}");
     assert_same_tree(src, dst);
     assert_no_temporaries(dst);
