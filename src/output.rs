@@ -338,21 +338,14 @@ pub fn run_job(
         );
     }
     if args.show.json {
-        let mut json = summary_json(&summary, outcome, kind);
-        if let (Some(w), serde_json::Value::Object(m)) = (wire, &mut json) {
-            m.insert("wire".into(), wire_json(&w));
-        }
-        println!("{json}");
+        println!("{}", summary_json(&summary, outcome, kind, wire.as_ref()));
     } else if !args.show.quiet
         && !matches!(
             result,
             Err(JobError::Usage(_) | JobError::Source { .. } | JobError::Destination { .. })
         )
     {
-        print!("{}", summary_table(&summary, kind));
-        if let Some(w) = wire {
-            println!("{}", wire_line(&w));
-        }
+        print!("{}", summary_table(&summary, kind, wire.as_ref()));
     }
     code
 }
@@ -583,7 +576,12 @@ fn copy_tick(stats: &Stats, elapsed: Duration) -> Tick {
 pub const SCHEMA: u32 = 1;
 
 /// The `{"type":"summary", ...}` object closing a `--json` stream.
-pub fn summary_json(s: &Summary, outcome: &str, kind: Kind) -> serde_json::Value {
+pub fn summary_json(
+    s: &Summary,
+    outcome: &str,
+    kind: Kind,
+    wire: Option<&Wire>,
+) -> serde_json::Value {
     let secs = s.elapsed.as_secs_f64();
     let (copied, bytes) = match kind {
         Kind::Copy { .. } => (s.files_copied, s.bytes_copied),
@@ -631,8 +629,13 @@ pub fn summary_json(s: &Summary, outcome: &str, kind: Kind) -> serde_json::Value
         m.insert("streams_trace".into(), json!(s.streams_trace));
         m.insert("chunk_streams_trace".into(), json!(s.chunk_streams_trace));
     }
-    m.insert("bottleneck".into(), json!(s.bottleneck()));
+    m.insert("bottleneck".into(), json!(s.bottleneck(wire)));
     m.insert("max_rss_bytes".into(), json!(s.peak_rss));
+    if let Some(w) = wire {
+        let mut w = wire_json(w);
+        w["destination_host"] = json!({"cpu_s": ms(s.cpu.as_secs_f64())});
+        m.insert("wire".into(), w);
+    }
     v
 }
 
@@ -676,8 +679,13 @@ pub fn busy_line(b: &Busy, verdict: Option<&str>) -> String {
 /// The human summary printed at the end of a run.
 /// What crossed the connections to another host, for `--json`.
 pub fn wire_json(w: &Wire) -> serde_json::Value {
-    json!({"data_streams": w.streams, "streams_dropped": w.streams_dropped, "bytes_received": w.bytes_received,
-           "bytes_sent": w.bytes_sent})
+    let mut v = json!({"data_streams": w.streams, "streams_dropped": w.streams_dropped,
+                       "bytes_received": w.bytes_received, "bytes_sent": w.bytes_sent});
+    if let Some(far) = &w.far {
+        v["source_host"] =
+            json!({"cpu_s": ms(far.cpu), "disk_s": ms(far.disk), "cores": far.cores});
+    }
+    v
 }
 
 /// What crossed the connections to another host, for the summary table.
@@ -698,7 +706,7 @@ pub fn wire_line(w: &Wire) -> String {
     )
 }
 
-pub fn summary_table(s: &Summary, kind: Kind) -> String {
+pub fn summary_table(s: &Summary, kind: Kind, wire: Option<&Wire>) -> String {
     let secs = s.elapsed.as_secs_f64();
     let verb = match kind {
         Kind::Copy { dry_run: true } => "would copy",
@@ -750,9 +758,13 @@ pub fn summary_table(s: &Summary, kind: Kind) -> String {
         human_bytes(rate(s.bytes_copied as f64, s.elapsed)),
         per_s(s.files_copied as f64, s.elapsed)
     );
-    t += &busy_line(&s.busy, s.bottleneck());
+    t += &busy_line(&s.busy, s.bottleneck(wire));
     if s.peak_rss > 0 {
         t += &format!("peak memory {}\n", human_bytes(s.peak_rss as f64));
+    }
+    if let Some(w) = wire {
+        t += &wire_line(w);
+        t += "\n";
     }
     t
 }
@@ -784,6 +796,7 @@ mod tests {
                 parked: 0.0,
             },
             peak_rss: 0,
+            cpu: Duration::from_secs(30),
             streams: 8,
             streams_trace: Vec::new(),
             chunk_streams_trace: Vec::new(),
@@ -812,16 +825,67 @@ mod tests {
             "bound by target writes: more streams help only while the target has latency to hide\n",
         );
         assert_eq!(
-            summary_table(&sample(), Kind::Copy { dry_run: false }),
+            summary_table(&sample(), Kind::Copy { dry_run: false }, None),
             want
         );
     }
 
     #[test]
     fn summary_json_snapshot() {
-        let got = summary_json(&sample(), "partial", Kind::Copy { dry_run: false }).to_string();
+        let got =
+            summary_json(&sample(), "partial", Kind::Copy { dry_run: false }, None).to_string();
         let want = r#"{"type":"summary","schema":1,"dry_run":false,"outcome":"partial","files_copied":200000,"bytes_copied":204800000,"files_skipped":10,"errors":5,"elapsed_s":21.54,"dirs_created":421,"symlinks":3,"hardlinks":2,"specials":1,"files_unchanged":6,"files_excluded":4,"deleted":7,"retries":0,"files_per_s":9285.0,"bytes_per_s":9507892.0,"stream_seconds":{"walk":10.0,"read":20.0,"write":60.0,"kernel_copy":5.0,"journal_wait":4.0,"idle":1.0,"parked":0.0},"streams":8,"bottleneck":"bound by target writes: more streams help only while the target has latency to hide","max_rss_bytes":0}"#;
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn across_a_wire_the_verdict_names_the_side_and_the_loads_are_in_the_json() {
+        let mut s = sample();
+        s.busy.read = 200.0; // the streams waited on the source's host
+        s.cpu = Duration::from_secs(4);
+        let wire = Wire {
+            streams: 4,
+            bytes_received: 1 << 30,
+            far: Some(sluice_engine::gauge::Load {
+                disk: 3.0,
+                cpu: 5.0,
+                cores: 2,
+            }),
+            ..Wire::default()
+        };
+        let table = summary_table(&s, Kind::Copy { dry_run: false }, Some(&wire));
+        assert!(
+            table.contains(": bound by the link between the hosts"),
+            "{table}"
+        );
+        assert!(
+            table.ends_with("wire: 1.0 GiB received, 0 B sent (4 data streams beside ssh)\n"),
+            "{table}"
+        );
+        let v = summary_json(&s, "complete", Kind::Copy { dry_run: false }, Some(&wire));
+        assert_eq!(
+            v["wire"]["source_host"],
+            json!({"cpu_s": 5.0, "disk_s": 3.0, "cores": 2})
+        );
+        assert_eq!(v["wire"]["destination_host"], json!({"cpu_s": 4.0}));
+        let mut busy_disk = wire;
+        busy_disk.far = Some(sluice_engine::gauge::Load {
+            disk: 150.0,
+            ..wire.far.unwrap()
+        });
+        let v = summary_json(
+            &s,
+            "complete",
+            Kind::Copy { dry_run: false },
+            Some(&busy_disk),
+        );
+        assert!(
+            v["bottleneck"]
+                .as_str()
+                .unwrap()
+                .starts_with("bound by the source host's disk"),
+            "{v}"
+        );
     }
 
     #[test]

@@ -440,10 +440,22 @@ fn several_data_streams_carry_more_than_one_on_a_per_flow_capped_link() {
     // take over 5 s. Four share the link's gigabit, as the file's 4 MiB
     // chunks are read by several streams at once. (What each class sent
     // is in the message, should it fail.)
-    let (one, _) = timed("0", &t.path().join("one"));
+    let (one, s1) = timed("0", &t.path().join("one"));
     let (four, s) = timed("4", &t.path().join("four"));
     assert_eq!(s["wire"]["data_streams"], 4, "{s}");
     assert!(one > 5.0, "one capped connection took {one:.1} s");
+    // The summary names what held the one connection back: the link, not
+    // either host (each says how busy it was).
+    let said = s1["bottleneck"].as_str().unwrap_or_default();
+    assert!(said.starts_with("bound by the link"), "{s1}");
+    assert!(
+        s1["wire"]["source_host"]["cpu_s"].as_f64().unwrap() > 0.0,
+        "{s1}"
+    );
+    assert!(
+        s1["wire"]["destination_host"]["cpu_s"].as_f64().unwrap() > 0.0,
+        "{s1}"
+    );
     let classes = out(Command::new("ip").args([
         "netns",
         "exec",

@@ -568,3 +568,37 @@ fn file_data_crosses_direct_streams_beside_the_control_connection() {
     );
     assert_same_tree(&src, &only);
 }
+
+/// A source whose file system answers slowly (the latency file system of
+/// crates/latencyfs, 5 ms a request, on the far side): the summary says
+/// the source host's disk held the job, not the link or this host.
+#[test]
+fn a_slow_source_disk_is_named_as_the_bound() {
+    if !is_root() || !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: mounting the latency file system needs root and /dev/fuse");
+        return;
+    }
+    let t = disk_dir("remote-slow-src");
+    let rsh = fake_ssh(t.path());
+    let back = tmpfs_dir("remote-slow-back").unwrap_or_else(|| disk_dir("remote-slow-back"));
+    for i in 0..4 {
+        write(&back.path().join(format!("f{i}.bin")), &bytes(8 << 20, i));
+    }
+    let mnt = t.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let _share = sluice_latencyfs::LatencyFs::new(back.path(), Duration::from_millis(5))
+        .unwrap()
+        .mount(&mnt, 64)
+        .expect("mount the latency file system");
+    let dst = t.path().join("dst");
+    let out = run_remote("copy", &rsh, &mnt, &dst, &["--json"]);
+    ok(&out);
+    assert_same_tree(back.path(), &dst);
+    let s = summary(&out);
+    let said = s["bottleneck"].as_str().unwrap_or_default();
+    assert!(said.starts_with("bound by the source host's disk"), "{s}");
+    assert!(
+        s["wire"]["source_host"]["disk_s"].as_f64().unwrap() > 0.3,
+        "{s}"
+    );
+}

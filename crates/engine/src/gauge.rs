@@ -77,6 +77,72 @@ impl Busy {
     }
 }
 
+/// How hard one host worked during a job: the CPU its sluice process
+/// used, and for the host that serves a source across a wire, the time
+/// its threads spent in the file system answering (listing, opening,
+/// reading, hashing).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Load {
+    /// Seconds spent answering in file system calls, summed over threads.
+    pub disk: f64,
+    /// Seconds of CPU, user and system, all threads.
+    pub cpu: f64,
+    /// Cores the host has.
+    pub cores: u32,
+}
+
+impl Load {
+    /// This host, whose sluice process has used `cpu` so far.
+    pub fn this_host(cpu: Duration) -> Load {
+        Load {
+            disk: 0.0,
+            cpu: cpu.as_secs_f64(),
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+        }
+    }
+
+    /// The share of the host's CPU the process used over `elapsed`.
+    fn cpu_share(&self, elapsed: f64) -> f64 {
+        self.cpu / (elapsed * f64::from(self.cores.max(1)))
+    }
+}
+
+/// What bounded a job that read its source across a wire, naming the
+/// side: the job runs on the destination host (`here`), the source host
+/// (`far`) answers its reads. Streams waiting on the source are waiting
+/// on the far host's disk if it spent about that long in the file system,
+/// else on the link between the two; a host whose sluice used most of its
+/// cores is the bound whatever the streams waited on.
+pub fn across(busy: &Busy, elapsed: f64, here: &Load, far: &Load) -> &'static str {
+    let total = busy.total();
+    if total <= 0.0 || elapsed <= 0.0 {
+        return "too short to tell";
+    }
+    let target = busy.write + busy.journal;
+    let source = busy.read + busy.walk;
+    // Streams left idle while a few chunks crawl over the link are not
+    // waiting for the walk: idleness speaks only when the walk is most of
+    // the rest.
+    if busy.idle > 0.5 * total && busy.walk > busy.read + target {
+        busy.verdict()
+    } else if here.cpu_share(elapsed) >= BUSY_CPU {
+        "bound by the destination host's CPU"
+    } else if far.cpu_share(elapsed) >= BUSY_CPU {
+        "bound by the source host's CPU"
+    } else if target > 1.5 * source {
+        "bound by writes to the destination host's disk"
+    } else if source > 1.5 * target && far.disk >= 0.5 * source {
+        "bound by the source host's disk: its reads took most of the time streams waited"
+    } else if source > 1.5 * target {
+        "bound by the link between the hosts: neither host's disk or CPU was busy"
+    } else {
+        "balanced between the source host's reads and the destination host's writes"
+    }
+}
+
+/// A host whose sluice used this share of its cores is bound by its CPU.
+const BUSY_CPU: f64 = 0.8;
+
 /// The streams' current activities and the sampled totals.
 pub struct Gauge {
     now: Vec<AtomicU8>,
@@ -170,6 +236,53 @@ mod tests {
         };
         assert!(walk.verdict().starts_with("bound by metadata"));
         assert_eq!(Busy::default().verdict(), "too short to tell");
+    }
+
+    #[test]
+    fn verdicts_across_hosts_name_the_side() {
+        let waits = Busy {
+            read: 8.0,
+            write: 1.0,
+            ..Busy::default()
+        };
+        let calm = Load {
+            disk: 0.5,
+            cpu: 1.0,
+            cores: 2,
+        };
+        let v = |b: &Busy, here: &Load, far: &Load| across(b, 4.0, here, far);
+        assert!(v(&waits, &calm, &calm).starts_with("bound by the link"));
+        let disk = Load { disk: 6.0, ..calm };
+        assert!(v(&waits, &calm, &disk).starts_with("bound by the source host's disk"));
+        let hot = Load { cpu: 7.0, ..calm };
+        assert!(v(&waits, &calm, &hot).starts_with("bound by the source host's CPU"));
+        assert!(v(&waits, &hot, &calm).starts_with("bound by the destination host's CPU"));
+        let writes = Busy {
+            read: 1.0,
+            write: 8.0,
+            ..Busy::default()
+        };
+        assert!(v(&writes, &calm, &calm).starts_with("bound by writes to the destination"));
+        let both = Busy {
+            read: 4.0,
+            write: 4.0,
+            ..Busy::default()
+        };
+        assert!(v(&both, &calm, &calm).starts_with("balanced"));
+        let idle = Busy {
+            idle: 9.0,
+            walk: 1.0,
+            ..Busy::default()
+        };
+        assert!(v(&idle, &calm, &calm).starts_with("streams mostly waited"));
+        // More streams than chunks in flight: the rest idle, the link holds.
+        let few = Busy {
+            idle: 9.0,
+            read: 2.0,
+            ..Busy::default()
+        };
+        assert!(v(&few, &calm, &calm).starts_with("bound by the link"));
+        assert_eq!(v(&Busy::default(), &calm, &calm), "too short to tell");
     }
 
     #[test]

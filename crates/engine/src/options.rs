@@ -2,7 +2,8 @@
 //! counters and summary, and the events a caller receives.
 
 use crate::error::{EntryError, Side};
-use crate::gauge::Busy;
+use crate::gauge::{Busy, Load};
+use crate::source::Wire;
 use sluice_walk::Filter;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -293,6 +294,7 @@ impl Stats {
             retries: self.retries.load(Relaxed),
             busy: *self.busy.lock().expect("busy lock"),
             peak_rss: sluice_sys::peak_rss(),
+            cpu: sluice_sys::process_cpu_time(),
             streams: self.streams.load(Relaxed),
             streams_trace: self.streams_trace.lock().expect("trace lock").clone(),
             chunk_streams_trace: self.chunk_streams_trace.lock().expect("trace lock").clone(),
@@ -325,6 +327,8 @@ pub struct Summary {
     pub busy: Busy,
     /// The most memory the process had resident, in bytes.
     pub peak_rss: u64,
+    /// CPU the process had used, user and system, all threads.
+    pub cpu: Duration,
     /// Streams in use at the end.
     pub streams: u64,
     /// With `-j auto`: streams in use at the start and after each second's
@@ -346,14 +350,25 @@ impl Summary {
     /// What bounded the job, in words; `None` when it was too short to
     /// judge. A job that spent much of its stream-time waiting for
     /// `--bwlimit` was bound by it, whatever else the streams did.
-    pub fn bottleneck(&self) -> Option<&'static str> {
+    ///
+    /// With `wire`, the source was read across it: the verdict names the
+    /// host (or the link) that bounded the job, from this host's CPU and
+    /// what the source's host said of its own load.
+    pub fn bottleneck(&self, wire: Option<&Wire>) -> Option<&'static str> {
         if self.elapsed < JUDGE_AFTER {
             return None;
         }
-        if self.throttle_wait.as_secs_f64() >= 0.5 * self.elapsed.as_secs_f64() {
+        let elapsed = self.elapsed.as_secs_f64();
+        if self.throttle_wait.as_secs_f64() >= 0.5 * elapsed {
             return Some("bound by --bwlimit");
         }
-        Some(self.busy.verdict())
+        Some(match wire.and_then(|w| w.far) {
+            Some(far) => {
+                let here = Load::this_host(self.cpu);
+                crate::gauge::across(&self.busy, elapsed, &here, &far)
+            }
+            None => self.busy.verdict(),
+        })
     }
 }
 

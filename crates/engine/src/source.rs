@@ -242,7 +242,7 @@ pub trait Source: Send + Sync {
 
 /// Bytes that crossed the connections to a source across a wire, counted
 /// apart from the bytes written.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Wire {
     /// Direct data connections besides the control connection.
     pub streams: usize,
@@ -251,6 +251,8 @@ pub struct Wire {
     pub streams_dropped: u64,
     pub bytes_received: u64,
     pub bytes_sent: u64,
+    /// How hard the source's host worked, when it could say.
+    pub far: Option<crate::gauge::Load>,
 }
 
 /// The descriptor of a local handle: a local source is never handed a

@@ -14,6 +14,7 @@
 
 use crate::streams::{self, Stream};
 use crate::wire::{self, Msg, Reply, Request, Root};
+use sluice_engine::gauge::Load;
 use sluice_engine::hash::HashKind;
 use sluice_engine::source::{LocalSource, Open, Source, SrcDir, SrcFile, SrcRoot, Wire};
 use sluice_sys::{AlignedBuf, Errno, FsKind, Stat, XattrSet};
@@ -25,6 +26,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
+use std::time::Instant;
 
 /// Threads answering requests: more than a client's usual stream count,
 /// so none waits for a thread while another waits for the disk.
@@ -332,6 +334,7 @@ impl Peer {
             answers: Answers {
                 held: Mutex::new(HashMap::new()),
                 next: AtomicU64::new(1),
+                disk_ns: AtomicU64::new(0),
             },
             reader: Mutex::new(None),
             lanes: Lanes {
@@ -516,10 +519,13 @@ impl Peer {
             buf.resize(len, 0);
         }
         let src = LocalSource;
-        self.answers.on_file(file, |f| {
+        let start = Instant::now();
+        let read = self.answers.on_file(file, |f| {
             let n = src.read_at(f, &mut buf[..len], off)?;
             Ok((n, src.stat_file(f)?))
-        })
+        });
+        self.answers.spent(start);
+        read
     }
 
     /// Answers a read: the bytes go from a reused buffer straight into
@@ -709,11 +715,25 @@ impl Peer {
     /// Data streams this end asks on (0 once the connection ended), and
     /// the bytes that crossed every connection so far.
     pub fn wire(&self) -> Wire {
+        // Asked before the counts are read, so its bytes are in them.
+        let far = match self.call(Request::Load) {
+            Ok(Reply::Load {
+                disk_ns,
+                cpu_ns,
+                cores,
+            }) => Some(Load {
+                disk: disk_ns as f64 / 1e9,
+                cpu: cpu_ns as f64 / 1e9,
+                cores,
+            }),
+            _ => None, // an older far end, or the connection is gone
+        };
         Wire {
             streams: self.lanes.count.load(Relaxed),
             streams_dropped: self.dropped.load(Relaxed),
             bytes_received: self.counts.received.load(Relaxed),
             bytes_sent: self.counts.sent.load(Relaxed),
+            far,
         }
     }
 
@@ -1034,6 +1054,8 @@ enum Held {
 struct Answers {
     held: Mutex<HashMap<u64, Arc<Held>>>,
     next: AtomicU64,
+    /// Time spent in the file system answering, summed over threads.
+    disk_ns: AtomicU64,
 }
 
 impl Answers {
@@ -1074,6 +1096,19 @@ impl Answers {
 
     /// Answers one request (`None` for those that get no reply).
     fn answer(&self, req: Request, list: &mut DirStream, buf: &mut [u8]) -> Option<Reply> {
+        let start = Instant::now();
+        let reply = self.answer_untimed(req, list, buf);
+        self.spent(start);
+        reply
+    }
+
+    /// Counts the time since `start` as spent in the file system.
+    fn spent(&self, start: Instant) {
+        let ns = start.elapsed().as_nanos() as u64;
+        self.disk_ns.fetch_add(ns, Relaxed);
+    }
+
+    fn answer_untimed(&self, req: Request, list: &mut DirStream, buf: &mut [u8]) -> Option<Reply> {
         let res = match req {
             Request::Close { handle } => {
                 self.held.lock().expect("handles").remove(&handle);
@@ -1168,6 +1203,11 @@ impl Answers {
                 }
             }
             Request::StatFile { file } => Reply::Stat(self.on_file(file, |f| src.stat_file(f))?),
+            Request::Load => Reply::Load {
+                disk_ns: self.disk_ns.load(Relaxed),
+                cpu_ns: sluice_sys::process_cpu_time().as_nanos() as u64,
+                cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            },
             Request::Hash {
                 file,
                 off,

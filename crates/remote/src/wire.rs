@@ -14,7 +14,7 @@ use std::ffi::CString;
 use std::io::{self, Read, Write};
 
 /// Bumped whenever a message changes shape; both ends must agree.
-pub const PROTOCOL: u32 = 3;
+pub const PROTOCOL: u32 = 4;
 
 /// The largest frame either end accepts (a directory of a few hundred
 /// thousand entries, or one read).
@@ -120,6 +120,9 @@ pub enum Request {
     MoreStreams {
         n: u32,
     },
+    /// How hard the answering end has worked so far (for the verdict on
+    /// what bounded the job).
+    Load,
 }
 
 /// SRC's root: a directory, or a file in a directory.
@@ -209,6 +212,13 @@ pub enum Reply {
     },
     /// Where and how to open the data streams asked for.
     Listening(crate::streams::Offer),
+    /// Nanoseconds the answering threads spent in the file system, the
+    /// process's CPU nanoseconds, and the host's cores.
+    Load {
+        disk_ns: u64,
+        cpu_ns: u64,
+        cores: u32,
+    },
 }
 
 /// Every frame's message, either way.
