@@ -8,8 +8,11 @@ drops the page cache):
     bench/net.py --shapes dense --repeat 1
     bench/net.py --link 1000 --per-flow 250 --shapes dense,huge
                                         # the link shaped: 1 Gbit/s in all, each TCP
-                                        # connection at most 250 Mbit/s (HTB; netem
-                                        # is not in this kernel, so no added delay)
+                                        # connection at most 250 Mbit/s (HTB)
+    bench/net.py --link 1000 --per-flow 250 --delay 20 --shapes dense,huge
+                                        # and 20 ms more per round trip (netem is not
+                                        # in this kernel: bench/delayline.py, a TUN
+                                        # device and a Python loop, holds packets)
 
 Two network namespaces joined by a veth pair (unshaped), an OpenSSH server
 with throwaway keys in one; every tool runs in the other and copies this
@@ -103,6 +106,25 @@ class Rig:
             f.write("\n".join(lines) + "\n")
         sh(f"ip netns exec {CLIENT} tc -batch {path}")
 
+    def delay(self, ms):
+        """Adds `ms` to every packet the client sends (so to each round
+        trip): what the client addresses to the server is routed into a
+        TUN device, held there by bench/delayline.py, and forwarded on to
+        the veth as it comes back out. The path's MTU goes to 65000 so a
+        gigabit is a few thousand packets a second for the Python loop."""
+        tun = "slbtun"
+        self.delayline = subprocess.Popen(
+            ["nsenter", f"--net=/var/run/netns/{CLIENT}", sys.executable,
+             os.path.join(HERE, "delayline.py"), tun, str(ms)], stdout=subprocess.PIPE, text=True)
+        if self.delayline.stdout.readline().strip() != "up":
+            sys.exit("the delay line did not start")
+        sh(f"ip -n {SERVER} link set {SIF} mtu 65000")
+        sh(f"{IN_CLIENT} sh -c 'ip link set {CIF} mtu 65000 && ip link set {tun} up mtu 65000 "
+           "&& sysctl -qw net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 "
+           f"net.ipv4.conf.{tun}.rp_filter=0 net.ipv4.conf.{tun}.accept_local=1 "
+           f"&& ip route add {SADDR}/32 dev {tun} src {CADDR} "
+           f"&& ip rule add iif {tun} lookup 100 && ip route add {SADDR}/32 dev {CIF} table 100'")
+
     def iperf(self, parallel):
         """Mbit/s iperf3 -P `parallel` gets from client to server in 5 s."""
         srv = subprocess.Popen(["nsenter", f"--net=/var/run/netns/{SERVER}", "iperf3", "-s", "-1"],
@@ -122,6 +144,8 @@ class Rig:
 
     def close(self):
         self.sshd.kill()
+        if getattr(self, "delayline", None):
+            self.delayline.kill()
         self.down()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -151,6 +175,8 @@ def tools(rig, src, dst):
                                f"--remote-path {SLUICE} --streams 4 --no-progress >/dev/null"),
         ("sluice --streams 8", f"{SLUICE} copy {src} {remote}:{dst} -e '{rig.ssh}' "
                                f"--remote-path {SLUICE} --streams 8 --no-progress >/dev/null"),
+        ("sluice --streams 16", f"{SLUICE} copy {src} {remote}:{dst} -e '{rig.ssh}' "
+                                f"--remote-path {SLUICE} --streams 16 --no-progress >/dev/null"),
         ("rsync -a", f"rsync -a -e '{rig.ssh}' {src}/ {remote}:{dst}/"),
         ("scp -r", f"{rig.ssh.replace('ssh ', 'scp -q -r ', 1)} {src} {remote}:{dst}"),
         ("tar | ssh | tar", f"tar -C {src} -cf - . | {rig.ssh} {remote} 'mkdir -p {dst} && tar -C {dst} -xf -'"),
@@ -215,13 +241,18 @@ def main():
     ap.add_argument("--tools", help="comma-separated subset, e.g. 'sluice,rsync -a'")
     ap.add_argument("--link", type=int, help="shape the link to this many Mbit/s")
     ap.add_argument("--per-flow", type=int, help="...and each TCP connection to this many")
+    ap.add_argument("--delay", type=int, help="add this many ms to each round trip")
     a = ap.parse_args()
     bench.need_root("net.py")
     rig = Rig()
     shaped = None
-    if a.link:
-        rig.shape(a.link, a.per_flow or a.link)
+    if a.delay:
+        rig.delay(a.delay)
+    if a.link or a.delay:
+        if a.link:
+            rig.shape(a.link, a.per_flow or a.link)
         shaped = {"link_mbit": a.link, "per_flow_mbit": a.per_flow or a.link,
+                  "delay_ms": a.delay or 0,
                   "iperf3_P1_mbit": rig.iperf(1), "iperf3_P8_mbit": rig.iperf(8)}
     scratch = bench.Scratch("/work/bench-data/net-dst.img", 12)
     results = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -275,9 +306,13 @@ def report(r):
     if r.get("shaped"):
         s = r["shaped"]
         p1, p8 = s["iperf3_P1_mbit"] or 0, s["iperf3_P8_mbit"] or 0
-        lines += [f"Shaped (HTB on the client's side): {s['link_mbit']} Mbit/s in all, each TCP "
-                  f"connection at most {s['per_flow_mbit']} Mbit/s; no delay added (netem is not "
-                  f"in this kernel). iperf3 in the same run: -P 1 {p1:.0f} Mbit/s, -P 8 "
+        delay = (f"{s['delay_ms']} ms added to each round trip by bench/delayline.py (a TUN "
+                 "device in the client's namespace; netem is not in this kernel), path MTU 65000"
+                 if s.get("delay_ms") else "no delay added (netem is not in this kernel)")
+        link = (f"{s['link_mbit']} Mbit/s in all, each TCP connection at most "
+                f"{s['per_flow_mbit']} Mbit/s" if s.get("link_mbit") else "no rate limit")
+        lines += [f"Shaped (HTB on the client's side): {link}; {delay}. "
+                  f"iperf3 in the same run: -P 1 {p1:.0f} Mbit/s, -P 8 "
                   f"{p8:.0f} Mbit/s. The MB/s column against the -P 8 figure "
                   f"({p8 / 8:.0f} MB/s) is the share of the link a tool used.", ""]
     for shape, s in r["shapes"].items():

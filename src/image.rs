@@ -90,11 +90,8 @@ pub fn run_with(
     );
     let wire = opened.source.wire();
     let lost = opened.close();
-    done.store(true, Relaxed);
-    if let Some(t) = ticker {
-        let _ = t.join();
-    }
     let elapsed = start.elapsed();
+    crate::output::stop_ticker(&done, ticker);
     let (code, outcome) = match &result {
         // The connection dropped: the job stopped as for a signal, the map
         // recording what landed; that is a failure, not an interruption.

@@ -469,7 +469,7 @@ fn several_data_streams_carry_more_than_one_on_a_per_flow_capped_link() {
     ]));
     assert!(
         four * 2.0 < one,
-        "4 streams {four:.1} s, 1 connection {one:.1} s: {}",
+        "4 streams {four:.1} s, 1 connection {one:.1} s: {}\n{s}",
         stdout(&classes)
     );
 }

@@ -139,7 +139,16 @@ impl RemoteSource {
     }
 
     fn entries(&self, dir: u64, inline: u32) -> Result<Vec<wire::Entry>, Errno> {
-        match self.conn.call(Request::List { dir, inline })? {
+        let req = Request::List { dir, inline };
+        // A listing that brings its small files along is bulk data: on a
+        // data stream, where there is one (the control connection is one
+        // TCP flow, which a per-flow cap or a long round trip holds back).
+        let reply = if inline > 0 {
+            self.conn.call_bulk(req)?
+        } else {
+            self.conn.call(req)?
+        };
+        match reply {
             Reply::Entries(e) => Ok(e),
             r => unexpected(r),
         }

@@ -853,8 +853,9 @@ impl Peer {
         }
     }
 
-    /// [`Peer::call`] for a request that reads file data (a hash): asked
-    /// on a data stream when there is one.
+    /// [`Peer::call`] for a request that reads file data (a hash, a
+    /// listing with its small files): asked on a data stream when there
+    /// is one.
     pub fn call_bulk(&self, req: Request) -> Result<Reply, Errno> {
         let on_lane = self.on_lane(&req, |lane, id| match wire::decode::<Msg>(&lane.frame) {
             Ok((rid, Msg::Rep(Reply::Err(raw)))) if rid == id => {
@@ -942,7 +943,7 @@ fn answer_stream(peer: std::sync::Weak<Peer>, mut s: Counted<Stream>) {
                     Err(e) => wire::send(&mut s, id, &Msg::Rep(Reply::Err(e.raw_os_error()))),
                 }
             }
-            Ok((id, Msg::Req(req @ Request::Hash { .. }))) => {
+            Ok((id, Msg::Req(req @ (Request::Hash { .. } | Request::List { .. })))) => {
                 match peer.answers.answer(req, &mut list, buf.as_mut_slice()) {
                     Some(reply) => wire::send(&mut s, id, &Msg::Rep(reply)),
                     None => Ok(()),
