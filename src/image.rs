@@ -10,7 +10,9 @@ use crate::output::{
 use crate::remote::Opened;
 use crate::size::human_bytes;
 use serde_json::json;
+use sluice_engine::gauge::Load;
 use sluice_engine::image::{ImageMode, ImageOptions, ImageReport, ImageStats};
+use sluice_engine::source::Wire;
 use sluice_engine::{JobError, Outcome};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -126,13 +128,19 @@ pub fn run_with(
     }
     let report = result.as_ref().ok().map(|(_, r)| r);
     if show.json {
-        let mut json = summary_json(&stats, report, outcome, elapsed, dry_run);
+        let mut json = summary_json(&stats, report, outcome, elapsed, dry_run, wire.as_ref());
         if let (Some(w), serde_json::Value::Object(m)) = (wire, &mut json) {
-            m.insert("wire".into(), crate::output::wire_json(&w));
+            let mut w = crate::output::wire_json(&w);
+            let cpu = Load::now().cpu;
+            w["destination_host"] = json!({"cpu_s": crate::output::ms(cpu)});
+            m.insert("wire".into(), w);
         }
         println!("{json}");
     } else if let Some(r) = report {
-        print!("{}", summary_table(&stats, r, elapsed, dry_run));
+        print!(
+            "{}",
+            summary_table(&stats, r, elapsed, dry_run, wire.as_ref())
+        );
         if let Some(w) = wire {
             println!("{}", crate::output::wire_line(&w));
         }
@@ -166,6 +174,7 @@ fn summary_json(
     outcome: &str,
     elapsed: Duration,
     dry_run: bool,
+    wire: Option<&Wire>,
 ) -> serde_json::Value {
     let written = s.bytes_written.load(Relaxed);
     let verify = r.is_some_and(|r| r.mode == ImageMode::Verify);
@@ -202,12 +211,18 @@ fn summary_json(
         );
         m.insert("streams".into(), json!(r.streams));
         m.insert("stream_seconds".into(), busy_json(&r.busy));
-        m.insert("bottleneck".into(), json!(image_verdict(r, elapsed)));
+        m.insert("bottleneck".into(), json!(image_verdict(r, elapsed, wire)));
     }
     v
 }
 
-fn summary_table(s: &ImageStats, r: &ImageReport, elapsed: Duration, dry_run: bool) -> String {
+fn summary_table(
+    s: &ImageStats,
+    r: &ImageReport,
+    elapsed: Duration,
+    dry_run: bool,
+    wire: Option<&Wire>,
+) -> String {
     let size = s.size.load(Relaxed) as f64;
     let what = match r.mode {
         ImageMode::Full => "full copy",
@@ -249,14 +264,24 @@ fn summary_table(s: &ImageStats, r: &ImageReport, elapsed: Duration, dry_run: bo
         human_bytes(s.bytes_written.load(Relaxed) as f64),
         s.errors.load(Relaxed),
     );
-    out += &busy_line(&r.busy, image_verdict(r, elapsed));
+    out += &busy_line(&r.busy, image_verdict(r, elapsed, wire));
     if let Some(map) = &r.map {
         out += &format!("chunk map: {}\n", map.display());
     }
     out
 }
 
-/// What bounded an image job; nothing for one too short to judge.
-fn image_verdict(r: &ImageReport, elapsed: Duration) -> Option<&'static str> {
-    (elapsed >= sluice_engine::JUDGE_AFTER).then(|| r.busy.verdict())
+/// What bounded an image job; nothing for one too short to judge. Across
+/// hosts, which side (see [`sluice_engine::gauge::across`]).
+fn image_verdict(r: &ImageReport, elapsed: Duration, wire: Option<&Wire>) -> Option<&'static str> {
+    if elapsed < sluice_engine::JUDGE_AFTER {
+        return None;
+    }
+    Some(match wire.and_then(|w| w.far) {
+        Some(far) => {
+            let here = Load::now();
+            sluice_engine::gauge::across(&r.busy, elapsed.as_secs_f64(), &here, &far)
+        }
+        None => r.busy.verdict(),
+    })
 }

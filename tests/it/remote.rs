@@ -414,6 +414,12 @@ fn an_image_pulled_or_pushed_moves_only_the_chunks_that_changed() {
         assert_eq!(s["mode"], "full", "{s}");
         assert_eq!(s["chunks_written"], 9, "{s}");
         assert_eq!(s["bytes_read"], 40 << 20, "{s}");
+        // Each side's load is reported, as for a tree.
+        assert!(s["wire"]["source_host"]["cores"].as_u64() >= Some(1), "{s}");
+        assert!(
+            s["wire"]["destination_host"]["cpu_s"].as_f64() > Some(0.0),
+            "{s}"
+        );
     }
     assert_eq!(fs::read(&dst).unwrap(), data);
     assert_eq!(fs::read(&pushed).unwrap(), data);

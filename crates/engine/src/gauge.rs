@@ -92,6 +92,11 @@ pub struct Load {
 }
 
 impl Load {
+    /// This host and this process, now.
+    pub fn now() -> Load {
+        Load::this_host(sluice_sys::process_cpu_time())
+    }
+
     /// This host, whose sluice process has used `cpu` so far.
     pub fn this_host(cpu: Duration) -> Load {
         Load {
