@@ -38,6 +38,10 @@ const STREAM_SILENCE: std::time::Duration = std::time::Duration::from_secs(60);
 /// The most data streams the tuner grows to.
 pub const MOST_STREAMS: usize = 32;
 
+/// How long the end of a job waits for the far end to say how hard it
+/// worked.
+const LOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How often the tuner looks at the streams.
 const TUNE_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -715,9 +719,11 @@ impl Peer {
     /// Data streams this end asks on (0 once the connection ended), and
     /// the bytes that crossed every connection so far.
     pub fn wire(&self) -> Wire {
-        // Asked before the counts are read, so its bytes are in them.
-        let far = match self.call(Request::Load) {
-            Ok(Reply::Load {
+        // Asked before the counts are read, so its bytes are in them; not
+        // waited on for long (the job is over: a far end that went quiet
+        // must not hold its summary back).
+        let far = match self.call_within(Request::Load, LOAD_WAIT) {
+            Some(Reply::Load {
                 disk_ns,
                 cpu_ns,
                 cores,
@@ -726,7 +732,7 @@ impl Peer {
                 cpu: cpu_ns as f64 / 1e9,
                 cores,
             }),
-            _ => None, // an older far end, or the connection is gone
+            _ => None, // no answer in time, or the connection is gone
         };
         Wire {
             streams: self.lanes.count.load(Relaxed),
@@ -837,15 +843,34 @@ impl Peer {
         }
     }
 
-    /// Sends `req` and waits for its answer.
-    fn ask(&self, req: Request) -> Result<Answer, Errno> {
+    /// Sends `req` on the control connection: its id, and where its
+    /// answer will come (`None` once the connection is lost).
+    fn post(&self, req: Request) -> Option<(u64, mpsc::Receiver<Answer>)> {
         if self.lost.load(Relaxed) {
-            return Err(Errno::CONNRESET);
+            return None;
         }
         let id = self.next.fetch_add(1, Relaxed);
         let (tx, rx) = mpsc::sync_channel(1);
         self.waiting.lock().expect("waiting").insert(id, tx);
         self.send(id, &Msg::Req(req));
+        Some((id, rx))
+    }
+
+    /// Sends `req` and waits at most `wait` for its reply.
+    fn call_within(&self, req: Request, wait: std::time::Duration) -> Option<Reply> {
+        let (id, rx) = self.post(req)?;
+        let got = rx.recv_timeout(wait);
+        // A reply after the wait finds no one and is dropped.
+        self.waiting.lock().expect("waiting").remove(&id);
+        match got {
+            Ok(Answer::Reply(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Sends `req` and waits for its answer.
+    fn ask(&self, req: Request) -> Result<Answer, Errno> {
+        let (_, rx) = self.post(req).ok_or(Errno::CONNRESET)?;
         match rx.recv() {
             Ok(Answer::Reply(Reply::Err(raw))) => Err(Errno::from_raw_os_error(raw)),
             Ok(answer) => Ok(answer),
