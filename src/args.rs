@@ -3,6 +3,7 @@
 use crate::size::{parse_rate, parse_size};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use sluice_engine::image::ImageOptions;
+use sluice_engine::shard::Shard;
 use sluice_engine::{Check, CopyOptions, Filter, HashKind, Reflink};
 use std::path::PathBuf;
 
@@ -324,6 +325,14 @@ pub struct CopyArgs {
     /// copied, then report it as failed.
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub retries: u32,
+    /// Do part I of N (counting from 0) of the job, so that N runs started
+    /// anywhere (a Slurm array, an indexed job, ssh in a loop) share it
+    /// without talking to each other: files by path, big files by chunk.
+    /// A missing I or N (`/N`, `auto`) comes from SLURM_PROCID and
+    /// SLURM_NTASKS, OMPI_COMM_WORLD_RANK and _SIZE, PMI_RANK and
+    /// PMI_SIZE, or JOB_COMPLETION_INDEX.
+    #[arg(long, value_name = "I/N", conflicts_with = "inplace")]
+    pub shard: Option<String>,
 }
 
 #[derive(Args)]
@@ -655,6 +664,10 @@ impl CopyArgs {
             inplace: self.inplace,
             retries: self.retries,
             bwlimit: self.bwlimit,
+            shard: match &self.shard {
+                Some(spec) => Some(Shard::parse(spec, |var| std::env::var(var).ok())?),
+                None => None,
+            },
             ..self.job.options()?
         })
     }
@@ -662,6 +675,14 @@ impl CopyArgs {
 
 impl SyncArgs {
     pub fn options(&self) -> Result<CopyOptions, String> {
+        if self.delete && self.copy.shard.is_some() {
+            return Err(
+                "--delete cannot be used with --shard: no part sees the whole tree, \
+                        so none can tell what DST has too many (run one `sluice sync \
+                        --delete` after the parts)"
+                    .into(),
+            );
+        }
         Ok(CopyOptions {
             delete: self.delete,
             max_delete: self.max_delete,

@@ -14,6 +14,7 @@ mod probe;
 mod remote;
 mod resume;
 mod safety;
+mod shard;
 mod sync;
 mod tune;
 mod verify;

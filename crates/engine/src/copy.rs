@@ -12,8 +12,10 @@ use crate::gauge::Activity;
 use crate::ledger::Claim;
 use crate::meta::{link_key, LinkKey, ACL_ACCESS, ACL_DEFAULT};
 use crate::options::Reflink;
+use crate::parts::PartFile;
 use crate::plan;
 use crate::queue::Lane;
+use crate::shard::Shard;
 use crate::source::{Open, SrcFile};
 use crate::state::Shared;
 use crate::state::{BigFile, DirNode, Task, TempName, Worker};
@@ -46,6 +48,35 @@ impl TempName {
     fn as_cstr(&self) -> &CStr {
         CStr::from_bytes_until_nul(&self.bytes).expect("NUL-terminated")
     }
+}
+
+/// An exclusive `flock` on an open file, released when dropped.
+struct FileLock<'a>(BorrowedFd<'a>);
+
+impl<'a> FileLock<'a> {
+    fn take(fd: BorrowedFd<'a>) -> Result<FileLock<'a>, Errno> {
+        sluice_sys::lock(fd)?;
+        Ok(FileLock(fd))
+    }
+}
+
+impl Drop for FileLock<'_> {
+    fn drop(&mut self) {
+        let _ = sluice_sys::unlock(self.0);
+    }
+}
+
+/// A big file opened for copying, before it is tracked.
+struct OpenedBig {
+    tmp: Option<TempName>,
+    dst: OwnedFd,
+    record: Option<crate::journal::Record>,
+    cloned: bool,
+    delta: bool,
+    old: Option<OwnedFd>,
+    direct: bool,
+    todo: Vec<u64>,
+    part: Option<(PartFile, u64)>,
 }
 
 /// A regular file being written that has no final name yet: unnamed
@@ -152,7 +183,10 @@ impl Drop for BigFile {
         let journal = self.node.shared.journal.as_ref();
         // Stopped (interrupt, full disk): the temporary and its record stay
         // so the next run copies only the chunks that had not landed.
-        if self.journaled && self.node.shared.stopped() && journal.is_some_and(|j| j.working()) {
+        // A temporary shared with other parts stays in any case: they may
+        // still be writing into it.
+        let stopped = self.node.shared.stopped();
+        if self.journaled && stopped && journal.is_some_and(|j| j.working()) {
             // What landed is kept, and counts: the rerun does not copy it.
             let stats = &self.node.shared.stats;
             stats
@@ -160,7 +194,9 @@ impl Drop for BigFile {
                 .fetch_add(self.copied.load(Relaxed), Relaxed);
             return;
         }
-        let _ = sluice_sys::unlink_at(self.node.dst(), tmp.as_cstr());
+        if self.part.is_none() {
+            let _ = sluice_sys::unlink_at(self.node.dst(), tmp.as_cstr());
+        }
         if let (true, Some(j)) = (self.journaled, journal) {
             j.forget(&self.rel);
         }
@@ -873,6 +909,73 @@ impl Worker {
         let chunk_size = self.shared.opts.chunk_size;
         let journal = self.shared.journal.as_ref();
         let err = |op, e| node.error(dst_name, Side::Dst, op, Reason::Os(e));
+        // A big file split between the parts of a job (`--shard`) has its
+        // own way in: the temporary they share.
+        let part = match self.shared.opts.shard {
+            Some(shard) if Shard::splits(st) => {
+                Some(PartFile::new(shard, &rel, st, chunk_size, node.dst_id.2))
+            }
+            _ => None,
+        };
+        if let Some(part) = part {
+            let opened = part
+                .open(node.dst(), self.shared.create_mode(st))
+                .map_err(|(op, e)| err(op, e))?;
+            let tmp = TempName::from_bytes(part.temp().to_bytes()).expect("a temporary's name");
+            // Another part may be writing into it: set to size, never cut
+            // short, and space reserved only by the part that made it.
+            let size = sluice_sys::stat_fd(opened.fd.as_fd())
+                .map_err(|e| err("stat", e))?
+                .size;
+            if size != st.size {
+                sluice_sys::set_len(opened.fd.as_fd(), st.size).map_err(|e| err("truncate", e))?;
+            }
+            if opened.created && !st.is_sparse() {
+                sluice_sys::preallocate(opened.fd.as_fd(), st.size)
+                    .map_err(|e| err("allocate", e))?;
+            }
+            // What this part's journal says landed counts only in the very
+            // temporary it was written to.
+            let tmp_bytes = tmp.as_cstr().to_bytes();
+            let rec = journal
+                .and_then(|j| j.take(&rel))
+                .filter(|r| {
+                    !opened.created
+                        && r.matches(st, chunk_size)
+                        && r.temp == tmp_bytes
+                        && r.temp_ino == opened.ino
+                })
+                .unwrap_or_else(|| {
+                    let mut r = crate::journal::Record::new(tmp_bytes, st, chunk_size, chunks);
+                    r.temp_ino = opened.ino;
+                    r
+                });
+            let todo = if part.marked(node.dst(), opened.ino) {
+                Vec::new()
+            } else {
+                let shard = self.shared.opts.shard.expect("a part");
+                let mut mine = shard.chunks(&rel, chunks);
+                mine.retain(|&i| !rec.is_done(i));
+                mine
+            };
+            let parts = Some((part, opened.ino));
+            let direct = match src.fd() {
+                Some(fd) => self.use_direct(fd, opened.fd.as_fd(), st),
+                None => false,
+            };
+            let opened = OpenedBig {
+                tmp: Some(tmp),
+                dst: opened.fd,
+                record: Some(rec),
+                cloned: false,
+                delta: false,
+                old: None,
+                direct,
+                todo,
+                part: parts,
+            };
+            return Ok(self.track_big(node, src_name, dst_name, rel, src, st, attempt, opened));
+        }
         let resumed = journal
             .and_then(|j| j.take(&rel))
             .and_then(|rec| resume_temp(node, rec, st, chunk_size));
@@ -909,8 +1012,9 @@ impl Worker {
                         .map_err(|e| err("allocate", e))?;
                 }
                 std::mem::forget(guard); // BigFile's Drop owns the temporary from here
-                let rec =
+                let mut rec =
                     crate::journal::Record::new(tmp.as_cstr().to_bytes(), st, chunk_size, chunks);
+                rec.temp_ino = sluice_sys::stat_fd(dst.as_fd()).map_or(0, |t| t.ino);
                 (Some(tmp), dst, Some(rec), cloned, delta)
             }
         };
@@ -948,10 +1052,39 @@ impl Worker {
                         && sluice_sys::set_direct(dst.as_fd(), true).is_ok()
                 }
             };
+        let opened = OpenedBig {
+            tmp,
+            dst,
+            record,
+            cloned,
+            delta,
+            old,
+            direct,
+            todo,
+            part: None,
+        };
+        Ok(self.track_big(node, src_name, dst_name, rel, src, st, attempt, opened))
+    }
+
+    /// Records a big file just opened in the journal and the job's table,
+    /// holding its directory until it is finished.
+    #[allow(clippy::too_many_arguments)]
+    fn track_big(
+        &mut self,
+        node: &Arc<DirNode>,
+        src_name: &CStr,
+        dst_name: &CStr,
+        rel: Vec<u8>,
+        src: SrcFile,
+        st: &Stat,
+        attempt: u32,
+        o: OpenedBig,
+    ) -> Arc<BigFile> {
+        let journal = self.shared.journal.as_ref();
         // In place needs no record: the source's mtime is set last, so an
         // interrupted file still looks changed and is compared again.
-        let journaled = !todo.is_empty() && journal.is_some() && record.is_some();
-        if let (true, Some(j), Some(rec)) = (journaled, journal, record) {
+        let journaled = !o.todo.is_empty() && journal.is_some() && o.record.is_some();
+        if let (true, Some(j), Some(rec)) = (journaled, journal, o.record) {
             j.begin(&rel, rec);
         }
         // Held until it is finished; named by key on the queue.
@@ -963,18 +1096,18 @@ impl Worker {
             src_name: src_name.to_owned(),
             dst_name: dst_name.to_owned(),
             rel,
-            tmp,
+            tmp: o.tmp,
             src,
-            dst: Arc::new(dst),
-            direct,
-            delta,
-            old,
+            dst: Arc::new(o.dst),
+            direct: o.direct,
+            delta: o.delta,
+            old: o.old,
             st: *st,
-            todo,
+            todo: o.todo,
             next: AtomicU64::new(0),
             done: AtomicU64::new(0),
             failed: Mutex::new(None),
-            copied: AtomicU64::new(if cloned { st.size } else { 0 }),
+            copied: AtomicU64::new(if o.cloned { st.size } else { 0 }),
             why: if self.shared.opts.verbose {
                 if node.existed {
                     self.why.clone()
@@ -987,9 +1120,10 @@ impl Worker {
             journaled,
             attempt,
             committed: AtomicBool::new(false),
+            part: o.part,
         });
         self.shared.ledger.bigs.insert(key, big.clone());
-        Ok(big)
+        big
     }
 
     /// Claims and copies chunks of `big` until they are all claimed or the
@@ -1159,11 +1293,38 @@ impl Worker {
         // Its size was set up front (or it is patched in place): unless the
         // journal synced every chunk (and is still working), the data is made durable
         // before the times that make it look complete (see `copy_whole`).
+        // A part's chunks are made durable before its marker says so.
         let recorded = big.journaled && journal.is_some_and(|j| j.working());
-        if !recorded && !self.shared.opts.fsync {
+        if (!recorded && !self.shared.opts.fsync) || big.part.is_some() {
             sluice_sys::sync_data(big.dst.as_fd())
                 .map_err(|e| node.error(&big.dst_name, Side::Dst, "write back", Reason::Os(e)))?;
         }
+        // Shared with other parts: under the temporary's lock, this part
+        // says its chunks are in; only the part that finds every other
+        // part's marker there goes on to commit (holding the lock).
+        let _turn = match &big.part {
+            Some((part, ino)) => {
+                let fail = |op, e| node.error(&big.dst_name, Side::Dst, op, Reason::Os(e));
+                let turn = FileLock::take(big.dst.as_fd()).map_err(|e| fail("lock", e))?;
+                if !part
+                    .mark(node.dst(), *ino)
+                    .map_err(|e| fail("mark its part of", e))?
+                {
+                    big.committed.store(true, Relaxed); // the temporary is the others' too
+                    if let Some(j) = journal {
+                        j.forget(&big.rel);
+                    }
+                    let copied = big.copied.load(Relaxed);
+                    self.shared.stats.bytes_copied.fetch_add(copied, Relaxed);
+                    return Ok(());
+                }
+                // Whoever wrote the last chunk, the file ends at its size.
+                sluice_sys::set_len(big.dst.as_fd(), big.st.size)
+                    .map_err(|e| fail("truncate", e))?;
+                Some(turn)
+            }
+            None => None,
+        };
         self.finish_file(
             node,
             Open::File(&big.src),
@@ -1182,6 +1343,9 @@ impl Worker {
                     node.error(&big.dst_name, Side::Dst, "fsync directory", Reason::Os(e))
                 })?;
             }
+        }
+        if let Some((part, ino)) = &big.part {
+            part.clear(node.dst(), *ino);
         }
         big.committed.store(true, Relaxed);
         if let Some(j) = journal {
@@ -1211,7 +1375,10 @@ fn resume_temp(
     if rec.matches(st, chunk_size) {
         if let Ok(fd) = sluice_sys::open_write_at(node.dst(), tmp.as_cstr()) {
             let ok = sluice_sys::stat_fd(fd.as_fd()).is_ok_and(|t| {
-                t.file_type() == FileType::RegularFile && t.size == st.size && t.nlink == 1
+                t.file_type() == FileType::RegularFile
+                    && t.size == st.size
+                    && t.nlink == 1
+                    && (rec.temp_ino == 0 || rec.temp_ino == t.ino)
             });
             if ok {
                 return Some((tmp, fd, rec));

@@ -293,7 +293,10 @@ impl Worker {
         let res = stream.for_each(dst, |entry| {
             let name = entry.name;
             if sluice_sys::is_own_temp(name.to_bytes(), dst_id) {
-                if sh.writes() && !sh.journal_owns(rel, name) {
+                // A part of a split job (`--shard`) cannot tell another
+                // part's temporary in use from a leftover: it leaves them
+                // all, to a later run that is not split.
+                if sh.writes() && !sh.journal_owns(rel, name) && sh.opts.shard.is_none() {
                     stale.push(name.to_owned());
                 }
                 return true;

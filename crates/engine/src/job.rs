@@ -162,6 +162,7 @@ fn run(
         Access::Peek if pass == Pass::FreeSpace && !opts.dst_locked => Access::Write,
         Access::Peek if pass == Pass::FreeSpace => Access::WriteLocked,
         Access::Write if opts.dst_locked => Access::WriteLocked,
+        Access::Write if opts.shard.is_some() => Access::WritePart,
         a => a,
     };
     let roots = match src_root {
@@ -202,8 +203,12 @@ fn run(
     let journal = match &dst_root_fd {
         Some(_) if opts.check.is_some() || opts.dry_run => None,
         Some(fd) => {
-            let j = Journal::open(fd, roots.single.as_ref().map(|s| s.1.to_bytes()))
-                .map_err(|e| JobError::destination(&roots.dst_path, e))?;
+            let j = Journal::open(
+                fd,
+                roots.single.as_ref().map(|s| s.1.to_bytes()),
+                opts.shard.as_ref(),
+            )
+            .map_err(|e| JobError::destination(&roots.dst_path, e))?;
             if let Some(why) = &j.discarded {
                 let mut path = roots.dst_path.as_os_str().as_bytes().to_vec();
                 path.push(b'/');
@@ -415,6 +420,9 @@ enum Access {
     Write,
     /// Writes it under a lock the caller holds.
     WriteLocked,
+    /// Writes it as one part of a job split over processes (`--shard`):
+    /// locked shared with the other parts.
+    WritePart,
 }
 
 /// The opened roots of a job.
@@ -532,13 +540,14 @@ impl Roots {
         let dst_fd = match access {
             Access::Peek => crate::target::open_root(&dst_dir, false)?,
             Access::Read => crate::target::open_root(&dst_dir, true)?,
-            Access::Write | Access::WriteLocked => {
+            Access::Write | Access::WriteLocked | Access::WritePart => {
                 let (fd, _) = crate::target::create_root(&dst_dir)?;
                 // The target directory is locked as a tree's root is: a
                 // tree run over it would otherwise take this copy's
                 // temporary for a leftover.
-                if access == Access::Write {
-                    crate::target::lock_root(fd.as_fd(), &dst_dir)?;
+                if access != Access::WriteLocked {
+                    let part = access == Access::WritePart;
+                    crate::target::lock_root(fd.as_fd(), &dst_dir, part)?;
                 }
                 Some(fd)
             }
@@ -581,12 +590,13 @@ fn dst_tree(
             let fd = below(root).map_err(|e| JobError::destination(dst_path, e))?;
             (Some(fd), true)
         }
-        Access::Write | Access::WriteLocked => {
+        Access::Write | Access::WriteLocked | Access::WritePart => {
             let (root, existed) = crate::target::create_root(dst)?;
             // One writer per DST (guarantee 6). The lock lives on DST's
             // own directory, so no lock file is ever left inside it.
-            if access == Access::Write {
-                crate::target::lock_root(root.as_fd(), dst)?;
+            if access != Access::WriteLocked {
+                let part = access == Access::WritePart;
+                crate::target::lock_root(root.as_fd(), dst, part)?;
             }
             if sub.is_empty() {
                 (Some(root), existed)

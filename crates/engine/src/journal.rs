@@ -26,6 +26,9 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
+/// Set in a record's temporary-name length when the temporary's inode follows.
+const INO_FLAG: u32 = 1 << 31;
+
 /// Big files in flight, keyed by their path relative to DST's root.
 const FILES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("files");
 
@@ -41,11 +44,14 @@ pub fn is_journal_name(name: &[u8]) -> bool {
 /// The journal's file name for a job writing `single` (a single-file copy:
 /// one journal per target name, so two such jobs into one directory do not
 /// share it) or a whole tree.
-fn file_name(single: Option<&[u8]>) -> String {
+/// A part of a job split over processes (`--shard`) keeps its own.
+fn file_name(single: Option<&[u8]>, part: Option<&crate::shard::Shard>) -> String {
+    let part = part.map(|p| p.journal_suffix()).unwrap_or_default();
     match single {
-        None => TREE_NAME.to_string(),
+        None if part.is_empty() => TREE_NAME.to_string(),
+        None => format!(".sluice-journal{part}.redb"),
         Some(name) => format!(
-            ".sluice-journal-{:016x}.redb",
+            ".sluice-journal-{:016x}{part}.redb",
             xxhash_rust::xxh3::xxh3_64(name)
         ),
     }
@@ -62,6 +68,9 @@ pub(crate) struct Record {
     pub chunk_size: u64,
     /// One bit per chunk, set when the chunk is durably in the temporary.
     pub done: Vec<u8>,
+    /// The temporary's inode when it was recorded (0: not known, a record
+    /// of an older version): a file put in its place since is not it.
+    pub temp_ino: u64,
 }
 
 impl Record {
@@ -73,6 +82,7 @@ impl Record {
             mtime: st.mtime,
             chunk_size,
             done: vec![0; chunks.div_ceil(8) as usize],
+            temp_ino: 0,
         }
     }
 
@@ -103,8 +113,14 @@ impl Record {
         v.extend_from_slice(&self.mtime.0.to_le_bytes());
         v.extend_from_slice(&self.mtime.1.to_le_bytes());
         v.extend_from_slice(&self.chunk_size.to_le_bytes());
-        v.extend_from_slice(&(self.temp.len() as u32).to_le_bytes());
+        // The temporary's inode follows its name when known, flagged in the
+        // length's top bit (a record without it reads as before).
+        let flag = if self.temp_ino != 0 { INO_FLAG } else { 0 };
+        v.extend_from_slice(&(self.temp.len() as u32 | flag).to_le_bytes());
         v.extend_from_slice(&self.temp);
+        if self.temp_ino != 0 {
+            v.extend_from_slice(&self.temp_ino.to_le_bytes());
+        }
         v.extend_from_slice(&self.done);
         v
     }
@@ -120,12 +136,19 @@ impl Record {
         let sec = i64::from_le_bytes(take(&mut b)?);
         let nsec = u32::from_le_bytes(take(&mut b)?);
         let chunk_size = u64::from_le_bytes(take(&mut b)?);
-        let tlen = u32::from_le_bytes(take(&mut b)?) as usize;
+        let tlen = u32::from_le_bytes(take(&mut b)?);
+        let (has_ino, tlen) = (tlen & INO_FLAG != 0, (tlen & !INO_FLAG) as usize);
         if b.len() < tlen {
             return None;
         }
-        let (temp, done) = b.split_at(tlen);
+        let (temp, mut done) = b.split_at(tlen);
+        let temp_ino = if has_ino {
+            u64::from_le_bytes(take(&mut done)?)
+        } else {
+            0
+        };
         Some(Record {
+            temp_ino,
             temp: temp.to_vec(),
             ino,
             size,
@@ -192,9 +215,13 @@ impl Journal {
     /// be a regular file), if there is one. A journal that cannot be read
     /// is removed and [`Journal::discarded`] says why: its temporaries are
     /// then leftovers like any other, and those files start over.
-    pub fn open(dst_dir: &OwnedFd, single: Option<&[u8]>) -> std::io::Result<Journal> {
+    pub fn open(
+        dst_dir: &OwnedFd,
+        single: Option<&[u8]>,
+        part: Option<&crate::shard::Shard>,
+    ) -> std::io::Result<Journal> {
         let dir = dst_dir.try_clone()?;
-        let name = CString::new(file_name(single)).expect("no NUL in a journal name");
+        let name = CString::new(file_name(single, part)).expect("no NUL in a journal name");
         let (resumable, db, discarded) = match read(&dir, &name) {
             Ok((r, db)) => (r, db, None),
             Err(why) => {
@@ -483,14 +510,14 @@ mod tests {
         #[test]
         fn records_round_trip(temp in prop::collection::vec(any::<u8>(), 0..64),
                               ino: u64, size: u64, sec: i64, nsec: u32, chunk: u64,
-                              done in prop::collection::vec(any::<u8>(), 0..64)) {
-            let rec = Record { temp, ino, size, mtime: (sec, nsec), chunk_size: chunk, done };
+                              done in prop::collection::vec(any::<u8>(), 0..64), temp_ino: u64) {
+            let rec = Record { temp, ino, size, mtime: (sec, nsec), chunk_size: chunk, done, temp_ino };
             prop_assert_eq!(Record::decode(&rec.encode()), Some(rec));
         }
 
         #[test]
         fn truncated_records_are_refused(cut in 0usize..40) {
-            let rec = Record { temp: b".sluice-1-2.tmp".to_vec(), ino: 1, size: 2, mtime: (3, 4), chunk_size: 5, done: vec![] };
+            let rec = Record { temp: b".sluice-1-2.tmp".to_vec(), ino: 1, size: 2, mtime: (3, 4), chunk_size: 5, done: vec![], temp_ino: 9 };
             let bytes = rec.encode();
             prop_assert_eq!(Record::decode(&bytes[..cut.min(bytes.len() - 1)]), None);
         }

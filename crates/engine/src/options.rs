@@ -74,6 +74,9 @@ pub struct CopyOptions {
     /// lead to them); `sluice probe` uses it to try small and big files
     /// apart.
     pub size_window: Option<(u64, u64)>,
+    /// This process's part of a job split over several (`--shard I/N`):
+    /// only its entries and chunks are copied, and nothing is deleted.
+    pub shard: Option<crate::shard::Shard>,
     /// Only the root directory's own entries (`sluice watch` syncing one
     /// directory that changed): subdirectories DST already has are not
     /// descended, new ones are copied whole.
@@ -154,6 +157,7 @@ impl Default for CopyOptions {
             mem_limit: crate::budget::default_limit(),
             bwlimit: None,
             size_window: None,
+            shard: None,
             shallow: false,
             sub: Vec::new(),
             allow_empty_src: false,

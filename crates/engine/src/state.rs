@@ -638,6 +638,9 @@ pub(crate) struct BigFile {
     /// How many times the source changed under earlier attempts.
     pub(crate) attempt: u32,
     pub(crate) committed: AtomicBool,
+    /// Split by chunk between the parts of a job (`--shard`): how they
+    /// share it, and the inode of the temporary they share.
+    pub(crate) part: Option<(crate::parts::PartFile, u64)>,
 }
 
 /// A big file compared chunk by chunk by any number of streams. Holds its

@@ -189,15 +189,22 @@ fn not_a_dir(path: &Path) -> JobError {
 
 /// One writer per DST: takes the exclusive lock on DST's root, and refuses
 /// a DST below the root of another run (which holds its root exclusively).
-/// `dir` is the opened root, `path` how the user named it.
-pub(crate) fn lock_root(dir: BorrowedFd<'_>, path: &Path) -> Result<(), JobError> {
+/// `dir` is the opened root, `path` how the user named it. The parts of a
+/// job split over processes (`--shard`) are one writer: each takes the
+/// lock shared, which still keeps out any run that is not a part.
+pub(crate) fn lock_root(dir: BorrowedFd<'_>, path: &Path, part: bool) -> Result<(), JobError> {
     let busy = |p: &Path| {
         JobError::Usage(format!(
             "another sluice run is writing to {}; wait for it to finish",
             p.display()
         ))
     };
-    match sluice_sys::try_lock(dir) {
+    let lock = if part {
+        sluice_sys::try_lock_shared(dir)
+    } else {
+        sluice_sys::try_lock(dir)
+    };
+    match lock {
         Err(Errno::WOULDBLOCK) => return Err(busy(path)),
         Err(e) => return Err(JobError::destination(path, e)),
         Ok(()) => {}

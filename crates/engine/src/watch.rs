@@ -234,7 +234,7 @@ pub fn watch(
         )));
     }
     let (dst_dir, _) = crate::target::create_root(dst)?;
-    crate::target::lock_root(sluice_sys::fd(&dst_dir), dst)?;
+    crate::target::lock_root(sluice_sys::fd(&dst_dir), dst, false)?;
     // Held (with its lock) until the watch ends.
     let dst_dir = std::fs::File::from(dst_dir);
     let meta = dst_dir.metadata().map_err(dst_err)?;

@@ -113,7 +113,20 @@ impl Worker {
                 dst_name,
                 st,
                 ..
-            } => self.copy_one(node(), &src_name, &dst_name, &st),
+            } => {
+                let node = node();
+                let opts = &self.shared.opts;
+                let theirs = opts.shard.is_some_and(|shard| {
+                    let chunks = match plan::action(&st, opts.chunk_size, opts.privileged) {
+                        Action::Chunked { chunks } => Some(chunks),
+                        _ => None,
+                    };
+                    !shard.takes(&node.child_rel(&dst_name), &st, chunks)
+                });
+                if !theirs {
+                    self.copy_one(node, &src_name, &dst_name, &st)
+                }
+            }
         }
     }
 
@@ -358,6 +371,17 @@ impl Worker {
                     // Only regular files in the window are part of the job.
                     let regular = matches!(action, Action::Whole | Action::Chunked { .. });
                     if action != Action::Dir && !(regular && st.size >= lo && st.size < hi) {
+                        return true;
+                    }
+                }
+                // Another part's entry (`--shard`): a big file split by
+                // chunk is every part's, each taking its own chunks.
+                if let Some(shard) = &opts.shard {
+                    let chunks = match action {
+                        Action::Chunked { chunks } => Some(chunks),
+                        _ => None,
+                    };
+                    if action != Action::Dir && !shard.takes(&node.child_rel(name), &st, chunks) {
                         return true;
                     }
                 }

@@ -287,6 +287,12 @@ pub fn try_lock(fd: BorrowedFd<'_>) -> Result<()> {
     rustix::fs::flock(fd, rustix::fs::FlockOperation::NonBlockingLockExclusive)
 }
 
+/// Takes an exclusive `flock` on an open file, waiting for it: the parts
+/// of a split job (`--shard`) take turns at a file they share.
+pub fn lock(fd: BorrowedFd<'_>) -> Result<()> {
+    rustix::fs::flock(fd, rustix::fs::FlockOperation::LockExclusive)
+}
+
 /// Takes a shared `flock` on an open directory without waiting: fails with
 /// `EWOULDBLOCK` while another open file holds it exclusively (another run
 /// whose DST is this directory).
@@ -409,7 +415,12 @@ pub fn is_own_temp(name: &[u8], dir: (u32, u32, u64)) -> bool {
     let num = |p: &[u8]| u64::from_str_radix(std::str::from_utf8(p).ok()?, 16).ok();
     match parts.as_slice() {
         [pid, seq, tag] => match (num(pid), num(seq), num(tag)) {
-            (Some(p), Some(s), Some(t)) => temp_tag(dir, p, s) == t,
+            // A temporary the parts of a split job share is tagged with
+            // the directory's inode alone: the device number differs
+            // between machines mounting one file system.
+            (Some(p), Some(s), Some(t)) => {
+                temp_tag(dir, p, s) == t || temp_tag((0, 0, dir.2), p, s) == t
+            }
             _ => false,
         },
         _ => false,
