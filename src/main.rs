@@ -16,6 +16,7 @@ mod image;
 mod location;
 mod output;
 mod probe;
+mod ranks;
 mod remote;
 mod saved;
 mod size;

@@ -3,6 +3,7 @@
 
 use crate::args::JobArgs;
 use crate::location::Location;
+use crate::ranks::Ranks;
 use crate::remote::Opened;
 use crate::size::human_bytes;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -10,6 +11,7 @@ use serde_json::json;
 use sluice_engine::gauge::Busy;
 use sluice_engine::source::Wire;
 
+use sluice_engine::shard::Shard;
 use sluice_engine::{
     escape, CopyOptions, EntryError, JobError, Outcome, Reporter, Side, Stats, Summary,
 };
@@ -216,13 +218,23 @@ pub fn run_job(
             .map(|()| vec![(args.src.clone(), args.dst.clone())]),
         Kind::Copy { .. } => args.pairs(),
     };
-    let (opts, pairs) = match (opts, pairs) {
+    let (mut opts, pairs) = match (opts, pairs) {
         (Ok(o), Ok(p)) => (o, p),
         (Err(msg), _) | (_, Err(msg)) => {
             eprintln!("sluice: error: {msg}");
             return 2;
         }
     };
+    // One of several MPI ranks: this process does its part of the job.
+    let ranks = match join_ranks(&mut opts, pushed.is_some()) {
+        Ok(r) => r,
+        Err(msg) => {
+            eprintln!("sluice: error: {msg}");
+            return 2;
+        }
+    };
+    // Only rank 0 speaks for the job.
+    let speaks = ranks.as_ref().is_none_or(|r| r.rank == 0);
     if let (Some(saved), false) = (args.saved_probe(), args.show.json) {
         eprintln!(
             "sluice: -j auto starts at {} streams, as `sluice probe --save` found for {} -> {}",
@@ -252,7 +264,7 @@ pub fn run_job(
     };
     let start = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
-    let ticker = (args.show.bar() || args.show.json).then(|| {
+    let ticker = ((args.show.bar() || args.show.json) && speaks).then(|| {
         let stats = stats.clone();
         let draw = Draw {
             bar: args.show.bar(),
@@ -275,6 +287,9 @@ pub fn run_job(
             Err(msg) => {
                 done.store(true, Relaxed);
                 eprintln!("sluice: error: {msg}");
+                if let Some(r) = &ranks {
+                    r.abort(2);
+                }
                 return 2;
             }
         };
@@ -302,6 +317,11 @@ pub fn run_job(
     stop_ticker(&done, ticker);
     printer.flush_log();
     let summary = stats.summary(elapsed);
+    if let (Some(r), Err(e)) = (&ranks, &result) {
+        // The others would wait for this rank at the end.
+        eprintln!("sluice: error: rank {}: {e}", r.rank);
+        r.abort(2);
+    }
     let verify = kind == Kind::Verify;
     let (code, outcome) = match &result {
         // The connection dropped: the job stopped as for a signal, with
@@ -335,8 +355,16 @@ pub fn run_job(
             stopped_by()
         );
     }
+    let Some((summary, code, outcome, per_rank)) = gather_ranks(ranks, summary, code, outcome)
+    else {
+        return code; // rank 0 speaks
+    };
     if args.show.json {
-        println!("{}", summary_json(&summary, outcome, kind, wire.as_ref()));
+        let mut v = summary_json(&summary, outcome, kind, wire.as_ref());
+        if let Some(per_rank) = per_rank {
+            v["ranks"] = per_rank;
+        }
+        println!("{v}");
     } else if !args.show.quiet
         && !matches!(
             result,
@@ -346,6 +374,86 @@ pub fn run_job(
         print!("{}", summary_table(&summary, kind, wire.as_ref()));
     }
     code
+}
+
+/// Joins the MPI job this process was launched in, if it was (and is not
+/// a `serve` answering a client), giving the job this rank's part of it.
+fn join_ranks(opts: &mut CopyOptions, served: bool) -> Result<Option<Arc<Ranks>>, String> {
+    if served || !crate::ranks::launched() {
+        return Ok(None);
+    }
+    if opts.shard.is_some() {
+        return Err(
+            "--shard splits a job between processes that MPI already splits it \
+                    between; give one or the other"
+                .into(),
+        );
+    }
+    let ranks = Ranks::join()?;
+    opts.shard = Some(Shard {
+        index: ranks.rank,
+        count: ranks.size,
+    });
+    opts.group = Some(ranks.clone());
+    Ok(Some(ranks))
+}
+
+/// Every rank's summary, shared at the end: rank 0 gets the job's (with
+/// the worst code of any rank, and per-rank figures for `--json`); the
+/// other ranks `None`, having nothing to print. Leaves the MPI job.
+#[allow(clippy::type_complexity)]
+fn gather_ranks(
+    ranks: Option<Arc<Ranks>>,
+    summary: Summary,
+    code: u8,
+    outcome: &'static str,
+) -> Option<(Summary, u8, &'static str, Option<serde_json::Value>)> {
+    let Some(ranks) = ranks else {
+        return Some((summary, code, outcome, None));
+    };
+    let all = ranks.share(&summary, code);
+    ranks.leave();
+    if ranks.rank != 0 {
+        return None;
+    }
+    let (job, worst) = crate::ranks::reduce(&all);
+    let per_rank: Vec<_> = all
+        .iter()
+        .enumerate()
+        .map(|(rank, (s, code))| {
+            json!({
+                "rank": rank,
+                "files_copied": s.files_copied,
+                "bytes_copied": s.bytes_copied,
+                "entries": s.files_copied + s.dirs_created + s.symlinks + s.hardlinks + s.specials
+                    + s.files_skipped + s.deleted,
+                "stream_seconds": ms(s.busy.total()),
+                "elapsed_s": ms(s.elapsed.as_secs_f64()),
+                "errors": s.errors,
+                "exit": code,
+            })
+        })
+        .collect();
+    let outcome = if worst == code {
+        outcome
+    } else {
+        outcome_of(worst, outcome)
+    };
+    Some((job, worst, outcome, Some(json!(per_rank))))
+}
+
+/// The outcome word of an exit code another rank ended with (`mine`:
+/// this rank's word, which says whether the job verifies).
+fn outcome_of(code: u8, mine: &str) -> &'static str {
+    let verify = matches!(mine, "identical" | "differs");
+    match code {
+        0 if verify => "identical",
+        1 if verify => "differs",
+        0 => "complete",
+        1 => "partial",
+        130 => "interrupted",
+        _ => "failed",
+    }
 }
 
 /// The last stop signal received (0: none), for the closing message.

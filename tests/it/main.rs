@@ -11,6 +11,8 @@ mod image;
 mod limits;
 mod network;
 mod probe;
+#[cfg(feature = "mpi")]
+mod ranks;
 mod remote;
 mod resume;
 mod safety;

@@ -33,8 +33,36 @@ enum Stop {
 
 /// Removes the extras noted during the walk; reaching `--max-delete` is
 /// reported as an error (exit 1).
-pub(crate) fn run(shared: &Shared) {
-    let extras = shared.ledger.take_extras();
+/// `all_clean`: whether the other members of the job's group (MPI ranks)
+/// walked without error too; their extras are their own, as the entries
+/// they copy are (each part deletes the extras whose path is its).
+pub(crate) fn run(shared: &Shared, all_clean: bool) {
+    let mut extras = shared.ledger.take_extras();
+    if let Some(shard) = &shared.opts.shard {
+        for group in &mut extras {
+            let dir = &group.dir;
+            group
+                .names
+                .retain(|(name, _)| shard.owns_path(&join(dir, name.to_bytes())));
+        }
+        extras.retain(|g| !g.names.is_empty());
+    }
+    if !all_clean {
+        shared.reporter().entry_failed(
+            &shared.error(
+                Side::Dst,
+                b"",
+                "delete",
+                Reason::Other(
+                    "nothing deleted: another process of this job had errors in its walk or \
+                 stopped, so SRC may look emptier than it is"
+                        .into(),
+                ),
+            ),
+        );
+        shared.stats.errors.fetch_add(1, Relaxed);
+        return;
+    }
     if extras.is_empty() {
         return;
     }
@@ -119,6 +147,55 @@ pub(crate) fn run(shared: &Shared) {
             ));
             return;
         }
+    }
+}
+
+/// Removes, once every part of a split job is done and clean, the
+/// temporaries of earlier runs its walk saw (each part those whose path
+/// is its), and with part 0 the journals of earlier runs split another
+/// way: all they describe is committed now, or a leftover removed here.
+pub(crate) fn leftovers(shared: &Shared) {
+    let (Some(root), Some(shard)) = (shared.dst_root_fd.as_ref(), &shared.opts.shard) else {
+        return;
+    };
+    for group in shared.ledger.take_leftovers() {
+        let Ok(dir) = crate::target::open_beneath(root.as_fd(), &group.dir) else {
+            continue;
+        };
+        let mut removed = false;
+        for (name, _) in &group.names {
+            if shard.owns_path(&join(&group.dir, name.to_bytes())) {
+                removed |= sluice_sys::unlink_at(dir.as_fd(), name).is_ok();
+            }
+        }
+        if removed {
+            let _ = sluice_sys::set_times(dir.as_fd(), &group.src_stat);
+        }
+    }
+    if shard.index != 0 || !shared.owns_root {
+        return;
+    }
+    let ours = format!("-of-{}.redb", shard.count);
+    // A descriptor of its own: the root's was read to its end already.
+    let Ok(root) = crate::target::open_beneath(root.as_fd(), b"") else {
+        return;
+    };
+    let mut stale = Vec::new();
+    let mut stream = DirStream::default();
+    let _ = stream.for_each(root.as_fd(), |e| {
+        let name = e.name.to_bytes();
+        let split =
+            crate::journal::is_journal_name(name) && name.windows(6).any(|w| w == b"-part-");
+        if split && !name.ends_with(ours.as_bytes()) {
+            stale.push(e.name.to_owned());
+        }
+        true
+    });
+    for name in &stale {
+        let _ = sluice_sys::unlink_at(root.as_fd(), name);
+    }
+    if !stale.is_empty() {
+        let _ = sluice_sys::set_times(root.as_fd(), &shared.root_stat);
     }
 }
 

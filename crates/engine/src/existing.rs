@@ -288,6 +288,7 @@ impl Worker {
         let mut stream = self.scratch.stream.take().unwrap_or_default();
         let mut stale = Vec::new();
         let mut extras = Vec::new();
+        let mut later = Vec::new();
         let at_root = rel.is_empty();
         let mut listed = 0u64;
         let res = stream.for_each(dst, |entry| {
@@ -296,8 +297,12 @@ impl Worker {
                 // A part of a split job (`--shard`) cannot tell another
                 // part's temporary in use from a leftover: it leaves them
                 // all, to a later run that is not split.
-                if sh.writes() && !sh.journal_owns(rel, name) && sh.opts.shard.is_none() {
-                    stale.push(name.to_owned());
+                if sh.writes() && !sh.journal_owns(rel, name) {
+                    if sh.opts.shard.is_none() {
+                        stale.push(name.to_owned());
+                    } else if sh.opts.group.is_some() {
+                        later.push((name.to_owned(), false));
+                    }
                 }
                 return true;
             }
@@ -329,6 +334,13 @@ impl Worker {
             true
         });
         self.scratch.stream = Some(stream);
+        if !later.is_empty() {
+            sh.ledger.found_leftovers(Extras {
+                dir: rel.to_vec(),
+                src_stat: *src_stat,
+                names: later,
+            });
+        }
         if let Err(e) = res {
             fail("list", Reason::Os(e));
             return true;

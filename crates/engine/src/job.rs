@@ -359,9 +359,21 @@ fn run(
     drop(shared.queue.close());
     shared.ledger.bigs.clear();
     shared.ledger.checks.clear();
+    // Every member of a group asks, whatever its own state: the others
+    // wait for its answer. Past it, every member's files are committed.
+    let all_clean = match &shared.opts.group {
+        Some(group) if shared.writes() => {
+            let errors = shared.stats.errors.load(Relaxed);
+            group.all_clean(!shared.stopped() && errors == 0)
+        }
+        _ => true,
+    };
     if !shared.stopped() && shared.opts.delete {
-        crate::delete::run(&shared);
+        crate::delete::run(&shared, all_clean);
         crate::worker::replace(&shared);
+    }
+    if all_clean && shared.opts.group.is_some() && !shared.stopped() {
+        crate::delete::leftovers(&shared);
     }
     // Directories hold `shared`: let them go whatever happened.
     shared.ledger.close();

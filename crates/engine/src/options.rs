@@ -21,6 +21,16 @@ pub enum Reflink {
     Never,
 }
 
+/// The processes that share one job, each running its own part of it
+/// (`shard`) with its own streams: MPI ranks. Every member calls each
+/// method at the same point of the job, so an implementation may be a
+/// collective operation.
+pub trait Group: Send + Sync {
+    /// Whether every member's walk ended clean (no error, not stopped),
+    /// `clean` being this member's: `--delete` removes nothing otherwise.
+    fn all_clean(&self, clean: bool) -> bool;
+}
+
 /// Everything a copy job is told; `Default` is what `sluice copy` does
 /// without options.
 #[derive(Clone)]
@@ -77,6 +87,9 @@ pub struct CopyOptions {
     /// This process's part of a job split over several (`--shard I/N`):
     /// only its entries and chunks are copied, and nothing is deleted.
     pub shard: Option<crate::shard::Shard>,
+    /// The other processes running this job's other parts, when they can
+    /// be asked (MPI ranks): deletes wait for all of them.
+    pub group: Option<std::sync::Arc<dyn Group>>,
     /// Only the root directory's own entries (`sluice watch` syncing one
     /// directory that changed): subdirectories DST already has are not
     /// descended, new ones are copied whole.
@@ -158,6 +171,7 @@ impl Default for CopyOptions {
             bwlimit: None,
             size_window: None,
             shard: None,
+            group: None,
             shallow: false,
             sub: Vec::new(),
             allow_empty_src: false,
@@ -310,7 +324,7 @@ impl Stats {
 }
 
 /// What a finished job did.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Summary {
     pub files_copied: u64,
     pub bytes_copied: u64,

@@ -102,6 +102,12 @@ impl Shard {
         }
     }
 
+    /// Whether the entry at `rel`, known by its path alone (an extra DST
+    /// has, to delete), is this part's.
+    pub fn owns_path(&self, rel: &[u8]) -> bool {
+        xxhash_rust::xxh3::xxh3_64(rel) % u64::from(self.count) == u64::from(self.index)
+    }
+
     fn owner_of(&self, rel: &[u8], st: &Stat) -> u32 {
         let h = if Self::linked(st) {
             let mut h = Xxh3::new();

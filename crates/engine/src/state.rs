@@ -234,6 +234,9 @@ pub(crate) struct Ledger {
     /// A waiting name holds its directory until it is linked.
     links: Mutex<Links<(u32, u32, u64), Waiting>>,
     extras: Mutex<Vec<Extras>>,
+    /// Temporaries of earlier runs a part of a split job saw and could not
+    /// tell from another part's in use: removed once every part is done.
+    leftovers: Mutex<Vec<Extras>>,
     replaced: Mutex<Vec<Replacement>>,
 }
 
@@ -275,6 +278,14 @@ impl Ledger {
 
     pub fn take_extras(&self) -> Vec<Extras> {
         std::mem::take(&mut *self.extras.lock().expect("extras lock"))
+    }
+
+    pub fn found_leftovers(&self, left: Extras) {
+        self.leftovers.lock().expect("leftovers lock").push(left);
+    }
+
+    pub fn take_leftovers(&self) -> Vec<Extras> {
+        std::mem::take(&mut *self.leftovers.lock().expect("leftovers lock"))
     }
 
     /// An entry to copy once `--delete` removed the directory in its way;

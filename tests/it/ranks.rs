@@ -1,0 +1,251 @@
+//! MPI ranks (a build with `--features mpi`): `mpirun -np N sluice ...`
+//! leaves what one process would, every rank does part of the work, and
+//! deletes wait for every rank's walk.
+
+use crate::common::*;
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// `mpirun -np N sluice COMMAND --no-progress ARGS SRC DST`, as root or
+/// (with `nobody`) as user nobody.
+fn mpirun(n: u32, command: &str, src: &Path, dst: &Path, args: &[&str], nobody: bool) -> Output {
+    let mut c = if nobody {
+        let mut c = Command::new("setpriv");
+        c.args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            "mpirun",
+        ]);
+        c.env("HOME", "/tmp");
+        c
+    } else {
+        let mut c = Command::new("mpirun");
+        c.arg("--allow-run-as-root");
+        c
+    };
+    c.args(["--oversubscribe", "-np", &n.to_string()])
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .args([command, "--no-progress"])
+        .args(args)
+        .arg(src)
+        .arg(dst)
+        .env(
+            "XDG_STATE_HOME",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-saved-probes"),
+        )
+        .output()
+        .expect("run mpirun")
+}
+
+fn have_mpirun() -> bool {
+    if !have("mpirun") {
+        eprintln!("skipped: mpirun is not installed (apt-get install openmpi-bin)");
+        return false;
+    }
+    true
+}
+
+/// A tree with a skew: many small files in nested directories, hard
+/// links whose names lie in different directories, a symlink, and one
+/// file of many chunks.
+fn tree(src: &Path) {
+    for d in 0..4 {
+        for f in 0..200 {
+            write(
+                &src.join(format!("d{d}/s{}/f{f}", f % 4)),
+                &bytes(64 + f * 7, (d * 1000 + f) as u64),
+            );
+        }
+    }
+    fs::hard_link(src.join("d0/s1/f1"), src.join("d3/s2/link")).unwrap();
+    fs::hard_link(src.join("d0/s1/f1"), src.join("d1/link")).unwrap();
+    std::os::unix::fs::symlink("d0/s0/f0", src.join("sym")).unwrap();
+    write(&src.join("d2/huge.bin"), &bytes(40 << 20, 3));
+    set_mtime(&src.join("d2"), 1_400_000_000, 5);
+}
+
+/// -np 1, 2 and 4 all leave an exact copy; with more than one rank,
+/// every rank copied part of the small files and part of the one big
+/// file, rank 0 alone prints the summary, and its totals are the job's.
+#[test]
+fn any_number_of_ranks_leaves_the_same_tree_and_shares_the_work() {
+    if !have_mpirun() {
+        return;
+    }
+    let t = disk_dir("ranks-same");
+    let src = t.path().join("src");
+    tree(&src);
+    for n in [1u32, 2, 4] {
+        let dst = t.path().join(format!("dst{n}"));
+        let out = mpirun(
+            n,
+            "copy",
+            &src,
+            &dst,
+            &["--json", "--chunk-size", "1M", "-j", "2"],
+            false,
+        );
+        ok(&out);
+        assert_same_tree(&src, &dst);
+        assert_no_temporaries(&dst);
+        let summaries = json_lines(&out, "summary");
+        assert_eq!(
+            summaries.len(),
+            1,
+            "one summary for the job: {}",
+            stdout(&out)
+        );
+        let s = &summaries[0];
+        assert_eq!(s["files_copied"], 801, "{s}");
+        assert_eq!(s["hardlinks"], 2, "{s}");
+        if n == 1 {
+            assert!(s.get("ranks").is_none(), "one process is no MPI job: {s}");
+            continue;
+        }
+        let ranks = s["ranks"].as_array().expect("per-rank figures");
+        assert_eq!(ranks.len(), n as usize);
+        let total: u64 = ranks
+            .iter()
+            .map(|r| r["bytes_copied"].as_u64().unwrap())
+            .sum();
+        assert_eq!(total, s["bytes_copied"].as_u64().unwrap());
+        for r in ranks {
+            // Every rank had a share of the big file (at least 5 of its 40
+            // chunks) and of the small files.
+            assert!(r["bytes_copied"].as_u64().unwrap() > 5 << 20, "{r}");
+            assert!(r["files_copied"].as_u64().unwrap() > 100, "{r}");
+        }
+    }
+}
+
+/// `sync --delete` on ranks removes each extra once and leaves the tree
+/// SRC has.
+#[test]
+fn ranks_delete_what_src_lacks_once() {
+    if !have_mpirun() {
+        return;
+    }
+    let t = disk_dir("ranks-delete");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    tree(&src);
+    ok(&copy(&src, &dst, &[]));
+    for i in 0..20 {
+        write(&dst.join(format!("d{}/extra{i}", i % 4)), b"x");
+    }
+    write(&dst.join("gone/deep/x"), b"x");
+    let out = mpirun(3, "sync", &src, &dst, &["--delete", "--json"], false);
+    ok(&out);
+    assert_eq!(summary(&out)["deleted"], 23, "{}", stdout(&out));
+    assert_same_tree(&src, &dst);
+}
+
+/// A file only one rank reads fails there; no rank deletes anything,
+/// though the others walked without error.
+#[test]
+fn an_error_on_one_rank_blocks_deletes_on_all() {
+    if !have_mpirun() {
+        return;
+    }
+    let Some(t) = nobody_dir("ranks-blocked", 0o777) else {
+        return;
+    };
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    for f in 0..100 {
+        write(&src.join(format!("f{f}")), b"data");
+    }
+    let out = as_nobody("copy", &src, &dst, &[]);
+    ok(&out);
+    // Root's, unreadable by nobody: the one rank that owns it fails on it.
+    write(&src.join("secret"), b"no");
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(src.join("secret"), fs::Permissions::from_mode(0o600)).unwrap();
+    for i in 0..10 {
+        write(&dst.join(format!("extra{i}")), b"x");
+    }
+    Command::new("chown")
+        .args(["-R", "nobody:nogroup"])
+        .arg(&dst)
+        .status()
+        .unwrap();
+    let out = mpirun(3, "sync", &src, &dst, &["--delete", "--json"], true);
+    assert_eq!(code(&out), 1, "{}\n{}", stdout(&out), stderr(&out));
+    let s = summary(&out);
+    assert_eq!(s["deleted"], 0, "{s}");
+    let ranks = s["ranks"].as_array().unwrap();
+    let failed_reading = ranks
+        .iter()
+        .filter(|r| r["errors"].as_u64().unwrap() > 0)
+        .count();
+    assert_eq!(failed_reading, 3, "every rank reports the refusal: {s}");
+    assert!(
+        stderr(&out).contains("another process of this job had errors"),
+        "{}",
+        stderr(&out)
+    );
+    for i in 0..10 {
+        assert!(dst.join(format!("extra{i}")).exists());
+    }
+}
+
+/// A rank killed mid-copy ends the job with a non-zero code, and a rerun
+/// with another number of ranks finishes it: exact, and no state left.
+#[test]
+fn a_rank_killed_mid_copy_fails_the_job_and_a_rerun_with_other_ranks_finishes() {
+    if !have_mpirun() || !have("strace") {
+        return;
+    }
+    let t = disk_dir("ranks-kill");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    tree(&src);
+    // Every rank runs under strace; each kills itself at its 10th chunk
+    // write, so the job dies with chunks of the big file written.
+    let out = Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "2",
+            "strace",
+            "-f",
+            "-o",
+            "/dev/null",
+        ])
+        .args([
+            "-e",
+            "trace=pwrite64",
+            "-e",
+            "inject=pwrite64:signal=KILL:when=10",
+        ])
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .args(["copy", "--no-progress", "--chunk-size", "1M", "-j", "2"])
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert_ne!(
+        code(&out),
+        0,
+        "the job survived a killed rank: {}",
+        stderr(&out)
+    );
+    assert!(
+        !dst.join("d2/huge.bin").exists(),
+        "a big file committed by a dying job"
+    );
+    let rerun = mpirun(
+        3,
+        "copy",
+        &src,
+        &dst,
+        &["--chunk-size", "1M", "-j", "2"],
+        false,
+    );
+    ok(&rerun);
+    assert_same_tree(&src, &dst);
+    // What the killed job left (its parts' journals, temporaries and
+    // markers of a split into 2) went with the rerun's clean end.
+    assert_no_temporaries(&dst);
+}
