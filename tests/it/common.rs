@@ -620,3 +620,36 @@ pub fn output_with_io(mut cmd: Command) -> (Output, HashMap<String, u64>) {
     };
     (output, counters)
 }
+
+/// `sluice copy --no-progress ARGS SRC DST` under strace, killed (SIGKILL)
+/// at its `n`th `pwrite64` (the journal writes with pwrite64 too). Returns
+/// its output and how many whole 1 MiB writes (one per chunk of a copy
+/// with `--chunk-size 1M`) had landed, read from the strace log at `log`.
+pub fn copy_killed_at_write(
+    n: u32,
+    log: &Path,
+    src: &Path,
+    dst: &Path,
+    args: &[&str],
+) -> (Output, u64) {
+    let killed = Command::new("strace")
+        .args(["-f", "-o"])
+        .arg(log)
+        .args(["-e", "trace=pwrite64", "-e"])
+        .arg(format!("inject=pwrite64:signal=KILL:when={n}"))
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .args(["copy", "--no-progress"])
+        .args(args)
+        .arg(src)
+        .arg(dst)
+        .output()
+        .expect("run strace");
+    let landed = fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        // a call interrupted by another thread's line ends in a
+        // "<... pwrite64 resumed>" line
+        .filter(|l| l.ends_with("= 1048576"))
+        .count() as u64;
+    (killed, landed)
+}

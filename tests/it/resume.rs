@@ -41,30 +41,8 @@ fn a_killed_big_copy_resumes_with_only_the_chunks_in_flight() {
     // writes with pwrite64 too, about 5 per commit). Each 1 MiB chunk is one pwrite64 of
     // exactly 1048576 bytes, so the log says how many chunks had landed.
     let log = t.path().join("strace.log");
-    let killed = Command::new("strace")
-        .args(["-f", "-o"])
-        .arg(&log)
-        .args([
-            "-e",
-            "trace=pwrite64",
-            "-e",
-            "inject=pwrite64:signal=KILL:when=150",
-        ])
-        .arg(env!("CARGO_BIN_EXE_sluice"))
-        .args(["copy", "--no-progress"])
-        .args(args)
-        .arg(&src)
-        .arg(&dst)
-        .output()
-        .unwrap();
+    let (killed, landed) = copy_killed_at_write(150, &log, &src, &dst, &args);
     assert_ne!(code(&killed), 0, "not killed: {}", stderr(&killed));
-    let landed = fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        // a call interrupted by another thread's line ends in a
-        // "<... pwrite64 resumed>" line
-        .filter(|l| l.ends_with("= 1048576"))
-        .count() as u64;
     assert!(
         landed >= 4,
         "only {landed} chunks landed; the set-up is wrong"

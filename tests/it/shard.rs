@@ -133,29 +133,11 @@ fn a_part_killed_mid_file_resumes_its_own_chunks() {
     let log = t.path().join("strace.log");
     // Each 1 MiB chunk is one pwrite64 of 1048576 bytes; the 40th pwrite64
     // (journal writes included) kills the part.
-    let killed = Command::new("strace")
-        .args(["-f", "-o"])
-        .arg(&log)
-        .args([
-            "-e",
-            "trace=pwrite64",
-            "-e",
-            "inject=pwrite64:signal=KILL:when=40",
-        ])
-        .arg(env!("CARGO_BIN_EXE_sluice"))
-        .args(["copy", "--no-progress", "--shard", "0/2"])
-        .args(CHUNK)
-        .args(args)
-        .arg(&src)
-        .arg(&dst)
-        .output()
-        .unwrap();
+    let mut part0 = vec!["--shard", "0/2"];
+    part0.extend(CHUNK);
+    part0.extend(args);
+    let (killed, landed) = copy_killed_at_write(40, &log, &src, &dst, &part0);
     assert_ne!(code(&killed), 0, "not killed: {}", stderr(&killed));
-    let landed = fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .filter(|l| l.ends_with("= 1048576"))
-        .count() as u64;
     assert!(
         landed >= 4,
         "only {landed} chunks landed; the set-up is wrong"
