@@ -183,10 +183,7 @@ impl Drop for BigFile {
         let journal = self.node.shared.journal.as_ref();
         // Stopped (interrupt, full disk): the temporary and its record stay
         // so the next run copies only the chunks that had not landed.
-        // A temporary shared with other parts stays in any case: they may
-        // still be writing into it.
-        let stopped = self.node.shared.stopped();
-        if self.journaled && stopped && journal.is_some_and(|j| j.working()) {
+        if self.journaled && self.node.shared.stopped() && journal.is_some_and(|j| j.working()) {
             // What landed is kept, and counts: the rerun does not copy it.
             let stats = &self.node.shared.stats;
             stats
@@ -194,6 +191,8 @@ impl Drop for BigFile {
                 .fetch_add(self.copied.load(Relaxed), Relaxed);
             return;
         }
+        // A temporary shared with other parts stays in any case: they may
+        // still be writing into it.
         if self.part.is_none() {
             let _ = sluice_sys::unlink_at(self.node.dst(), tmp.as_cstr());
         }
@@ -924,10 +923,7 @@ impl Worker {
             let tmp = TempName::from_bytes(part.temp().to_bytes()).expect("a temporary's name");
             // Another part may be writing into it: set to size, never cut
             // short, and space reserved only by the part that made it.
-            let size = sluice_sys::stat_fd(opened.fd.as_fd())
-                .map_err(|e| err("stat", e))?
-                .size;
-            if size != st.size {
+            if opened.size != st.size {
                 sluice_sys::set_len(opened.fd.as_fd(), st.size).map_err(|e| err("truncate", e))?;
             }
             if opened.created && !st.is_sparse() {
@@ -954,7 +950,7 @@ impl Worker {
                 Vec::new()
             } else {
                 let shard = self.shared.opts.shard.expect("a part");
-                let mut mine = shard.chunks(&rel, chunks);
+                let mut mine = shard.chunks(Shard::path_hash(b"", &rel), chunks);
                 mine.retain(|&i| !rec.is_done(i));
                 mine
             };
@@ -1293,9 +1289,11 @@ impl Worker {
         // Its size was set up front (or it is patched in place): unless the
         // journal synced every chunk (and is still working), the data is made durable
         // before the times that make it look complete (see `copy_whole`).
-        // A part's chunks are made durable before its marker says so.
+        // A part's chunks are made durable before its marker says so (a
+        // part that does not commit never reaches --fsync's sync below).
         let recorded = big.journaled && journal.is_some_and(|j| j.working());
-        if (!recorded && !self.shared.opts.fsync) || big.part.is_some() {
+        let synced = recorded || (self.shared.opts.fsync && big.part.is_none());
+        if !synced {
             sluice_sys::sync_data(big.dst.as_fd())
                 .map_err(|e| node.error(&big.dst_name, Side::Dst, "write back", Reason::Os(e)))?;
         }

@@ -15,6 +15,7 @@
 
 use crate::error::{EntryError, Reason, Side};
 use crate::existing::join;
+use crate::shard::Shard;
 use crate::state::Shared;
 use sluice_sys::Errno;
 use sluice_walk::DirStream;
@@ -43,11 +44,12 @@ pub(crate) fn run(shared: &Shared, all_clean: bool) {
             let dir = &group.dir;
             group
                 .names
-                .retain(|(name, _)| shard.owns_path(&join(dir, name.to_bytes())));
+                .retain(|(name, _)| shard.owns_path(Shard::path_hash(dir, name.to_bytes())));
         }
         extras.retain(|g| !g.names.is_empty());
     }
-    if !all_clean {
+    // A member that had errors itself says so below, as any job does.
+    if !all_clean && shared.stats.errors.load(Relaxed) == 0 {
         shared.reporter().entry_failed(
             &shared.error(
                 Side::Dst,
@@ -164,7 +166,7 @@ pub(crate) fn leftovers(shared: &Shared) {
         };
         let mut removed = false;
         for (name, _) in &group.names {
-            if shard.owns_path(&join(&group.dir, name.to_bytes())) {
+            if shard.owns_path(Shard::path_hash(&group.dir, name.to_bytes())) {
                 removed |= sluice_sys::unlink_at(dir.as_fd(), name).is_ok();
             }
         }
@@ -175,7 +177,6 @@ pub(crate) fn leftovers(shared: &Shared) {
     if shard.index != 0 || !shared.owns_root {
         return;
     }
-    let ours = format!("-of-{}.redb", shard.count);
     // A descriptor of its own: the root's was read to its end already.
     let Ok(root) = crate::target::open_beneath(root.as_fd(), b"") else {
         return;
@@ -183,10 +184,7 @@ pub(crate) fn leftovers(shared: &Shared) {
     let mut stale = Vec::new();
     let mut stream = DirStream::default();
     let _ = stream.for_each(root.as_fd(), |e| {
-        let name = e.name.to_bytes();
-        let split =
-            crate::journal::is_journal_name(name) && name.windows(6).any(|w| w == b"-part-");
-        if split && !name.ends_with(ours.as_bytes()) {
+        if crate::journal::is_other_split(e.name.to_bytes(), shard.count) {
             stale.push(e.name.to_owned());
         }
         true

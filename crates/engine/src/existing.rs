@@ -296,7 +296,8 @@ impl Worker {
             if sluice_sys::is_own_temp(name.to_bytes(), dst_id) {
                 // A part of a split job (`--shard`) cannot tell another
                 // part's temporary in use from a leftover: it leaves them
-                // all, to a later run that is not split.
+                // all, or under MPI removes them once every rank is done
+                // (`delete::leftovers`).
                 if sh.writes() && !sh.journal_owns(rel, name) {
                     if sh.opts.shard.is_none() {
                         stale.push(name.to_owned());

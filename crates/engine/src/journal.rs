@@ -41,12 +41,23 @@ pub fn is_journal_name(name: &[u8]) -> bool {
     name.starts_with(b".sluice-journal")
 }
 
+/// Whether `name` is the journal of a part of a job split into other than
+/// `count` parts (an earlier run split another way).
+pub fn is_other_split(name: &[u8], count: u32) -> bool {
+    let split = is_journal_name(name) && name.windows(6).any(|w| w == b"-part-");
+    split && !name.ends_with(format!("-of-{count}.redb").as_bytes())
+}
+
 /// The journal's file name for a job writing `single` (a single-file copy:
 /// one journal per target name, so two such jobs into one directory do not
 /// share it) or a whole tree.
-/// A part of a job split over processes (`--shard`) keeps its own.
+/// A part of a job split over processes (`--shard`) keeps its own,
+/// `…-part-I-of-N.redb`, so parts on one machine do not contend for one
+/// file.
 fn file_name(single: Option<&[u8]>, part: Option<&crate::shard::Shard>) -> String {
-    let part = part.map(|p| p.journal_suffix()).unwrap_or_default();
+    let part = part
+        .map(|p| format!("-part-{}-of-{}", p.index, p.count))
+        .unwrap_or_default();
     match single {
         None if part.is_empty() => TREE_NAME.to_string(),
         None => format!(".sluice-journal{part}.redb"),
@@ -521,6 +532,17 @@ mod tests {
             let bytes = rec.encode();
             prop_assert_eq!(Record::decode(&bytes[..cut.min(bytes.len() - 1)]), None);
         }
+    }
+
+    #[test]
+    fn a_split_journal_is_told_by_its_count() {
+        let part = |index, count| file_name(None, Some(&crate::shard::Shard { index, count }));
+        assert_eq!(part(1, 4), ".sluice-journal-part-1-of-4.redb");
+        assert!(is_other_split(part(1, 4).as_bytes(), 3));
+        assert!(!is_other_split(part(1, 4).as_bytes(), 4));
+        assert!(is_other_split(part(1, 14).as_bytes(), 4));
+        assert!(!is_other_split(TREE_NAME.as_bytes(), 3));
+        assert!(!is_other_split(file_name(Some(b"f"), None).as_bytes(), 3));
     }
 
     #[test]

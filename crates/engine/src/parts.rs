@@ -29,6 +29,8 @@ pub(crate) struct PartFile {
 pub(crate) struct Opened {
     pub fd: OwnedFd,
     pub ino: u64,
+    /// Its size now (another part may have set it already).
+    pub size: u64,
     /// This call created it (no part had started the file).
     pub created: bool,
 }
@@ -40,7 +42,7 @@ impl PartFile {
             shard,
             seq: Shard::file_seq(rel, st, chunk_size),
             dir_ino,
-            owners: shard.owners(rel, chunks),
+            owners: shard.owners(Shard::path_hash(b"", rel), chunks),
         }
     }
 
@@ -80,6 +82,7 @@ impl PartFile {
         Ok(Opened {
             fd,
             ino: st.ino,
+            size: st.size,
             created,
         })
     }

@@ -85,30 +85,23 @@ impl Shard {
         Ok(Shard { index, count })
     }
 
-    /// Whether the entry at `rel` (relative to the roots) with metadata
-    /// `st` is this part's: by its inode when it is a file with more than
-    /// one name, else by its path.
-    pub fn owns(&self, rel: &[u8], st: &Stat) -> bool {
-        self.owner_of(rel, st) == self.index
-    }
-
-    /// Whether this part has anything to do with the non-directory entry
-    /// at `rel`: one it owns, or a big file of `chunks` chunks (`Some`)
-    /// split between parts of which it owns a chunk.
-    pub fn takes(&self, rel: &[u8], st: &Stat, chunks: Option<u64>) -> bool {
-        match chunks {
-            Some(n) if Self::splits(st) => self.owners(rel, n).contains(&self.index),
-            _ => self.owns(rel, st),
+    /// What the split goes by for the entry `name` in directory `dir`
+    /// (relative to the roots, empty at the root): the hash of its path,
+    /// taken without building the path.
+    pub fn path_hash(dir: &[u8], name: &[u8]) -> u64 {
+        let mut h = Xxh3::new();
+        if !dir.is_empty() {
+            h.update(dir);
+            h.update(b"/");
         }
+        h.update(name);
+        h.digest()
     }
 
-    /// Whether the entry at `rel`, known by its path alone (an extra DST
-    /// has, to delete), is this part's.
-    pub fn owns_path(&self, rel: &[u8]) -> bool {
-        xxhash_rust::xxh3::xxh3_64(rel) % u64::from(self.count) == u64::from(self.index)
-    }
-
-    fn owner_of(&self, rel: &[u8], st: &Stat) -> u32 {
+    /// Whether the entry whose path hashes to `path`, with metadata `st`,
+    /// is this part's: by its inode when it is a file with more than one
+    /// name, else by its path.
+    pub fn owns(&self, path: u64, st: &Stat) -> bool {
         let h = if Self::linked(st) {
             let mut h = Xxh3::new();
             h.update(&st.dev.0.to_le_bytes());
@@ -116,9 +109,29 @@ impl Shard {
             h.update(&st.ino.to_le_bytes());
             h.digest()
         } else {
-            xxhash_rust::xxh3::xxh3_64(rel)
+            path
         };
-        (h % u64::from(self.count)) as u32
+        self.owns_path(h)
+    }
+
+    /// Whether an entry known by its path alone (an extra DST has, to
+    /// delete) is this part's.
+    pub fn owns_path(&self, path: u64) -> bool {
+        path % u64::from(self.count) == u64::from(self.index)
+    }
+
+    /// Whether this part has anything to do with a non-directory entry:
+    /// one it owns, or a big file of `chunks` chunks (`Some`) split
+    /// between parts, of which it owns a chunk.
+    pub fn takes(&self, path: u64, st: &Stat, chunks: Option<u64>) -> bool {
+        match chunks {
+            // Its first chunk is number (index - start) mod count.
+            Some(n) if Self::splits(st) => {
+                let n_parts = u64::from(self.count);
+                (u64::from(self.index) + n_parts - Self::start(path, n_parts)) % n_parts < n
+            }
+            _ => self.owns(path, st),
+        }
     }
 
     /// Whether a file is split by chunk across parts: a file with more
@@ -131,24 +144,29 @@ impl Shard {
         st.file_type() == sluice_sys::FileType::RegularFile && st.nlink > 1
     }
 
-    /// The part chunk `i` of the big file at `rel` belongs to.
-    fn chunk_owner(&self, rel: &[u8], i: u64) -> u32 {
-        let h = xxhash_rust::xxh3::xxh3_64(rel);
-        (h.wrapping_add(i) % u64::from(self.count)) as u32
+    /// The part chunk 0 of the file at `path` belongs to; chunk `i` is
+    /// the next part's after chunk `i - 1`'s.
+    fn start(path: u64, count: u64) -> u64 {
+        path % count
     }
 
-    /// This part's chunks of a big file of `chunks` chunks at `rel`.
-    pub fn chunks(&self, rel: &[u8], chunks: u64) -> Vec<u64> {
+    fn chunk_owner(&self, path: u64, i: u64) -> u32 {
+        let n = u64::from(self.count);
+        ((Self::start(path, n) + i % n) % n) as u32
+    }
+
+    /// This part's chunks of a big file of `chunks` chunks.
+    pub fn chunks(&self, path: u64, chunks: u64) -> Vec<u64> {
         (0..chunks)
-            .filter(|&i| self.chunk_owner(rel, i) == self.index)
+            .filter(|&i| self.chunk_owner(path, i) == self.index)
             .collect()
     }
 
     /// The parts that own at least one of those chunks: the markers a
     /// commit waits for.
-    pub fn owners(&self, rel: &[u8], chunks: u64) -> Vec<u32> {
+    pub fn owners(&self, path: u64, chunks: u64) -> Vec<u32> {
         let mut v: Vec<u32> = (0..chunks.min(u64::from(self.count)))
-            .map(|i| self.chunk_owner(rel, i))
+            .map(|i| self.chunk_owner(path, i))
             .collect();
         v.sort_unstable();
         v
@@ -179,12 +197,6 @@ impl Shard {
     /// for this one's.
     pub fn marker_field(&self, part: u32) -> u64 {
         (u64::from(self.count) << 32) | u64::from(part)
-    }
-
-    /// The journal of this part, in DST's root: one per part, so parts on
-    /// one machine do not contend for one file.
-    pub fn journal_suffix(&self) -> String {
-        format!("-part-{}-of-{}", self.index, self.count)
     }
 }
 
@@ -247,7 +259,7 @@ mod tests {
             let rel = format!("dir{}/file{k}", k % 37);
             let owners: Vec<u32> = parts
                 .iter()
-                .filter(|p| p.owns(rel.as_bytes(), &st))
+                .filter(|p| p.owns(Shard::path_hash(b"", rel.as_bytes()), &st))
                 .map(|p| p.index)
                 .collect();
             assert_eq!(owners.len(), 1, "{rel}");
@@ -256,23 +268,46 @@ mod tests {
         assert!(per.iter().all(|&c| (2300..2700).contains(&c)), "{per:?}");
         let mut seen = vec![0u32; 1000];
         for p in &parts {
-            let mine = p.chunks(b"big", 1000);
+            let mine = p.chunks(Shard::path_hash(b"", b"big"), 1000);
             assert!((240..=260).contains(&mine.len()), "{}", mine.len());
             for i in mine {
                 seen[i as usize] += 1;
             }
         }
         assert!(seen.iter().all(|&c| c == 1));
-        // A file of 3 chunks has 3 owners; every part agrees which.
-        let owners = parts[0].owners(b"small-big", 3);
+        // A file of 3 chunks has 3 owners; every part agrees which, and a
+        // part takes a split file exactly when it owns one of its chunks.
+        let small = Shard::path_hash(b"", b"small-big");
+        let owners = parts[0].owners(small, 3);
         assert_eq!(owners.len(), 3);
         for p in &parts {
-            assert_eq!(p.owners(b"small-big", 3), owners);
-            assert_eq!(
-                !p.chunks(b"small-big", 3).is_empty(),
-                owners.contains(&p.index)
-            );
+            assert_eq!(p.owners(small, 3), owners);
         }
+        for k in 0..200u64 {
+            let path = Shard::path_hash(b"d", format!("f{k}").as_bytes());
+            for chunks in 1..7 {
+                for p in &parts {
+                    let has = !p.chunks(path, chunks).is_empty();
+                    assert_eq!(p.takes(path, &st, Some(chunks)), has, "{k} {chunks} {p}");
+                    assert_eq!(p.owners(path, chunks).contains(&p.index), has);
+                }
+            }
+        }
+    }
+
+    /// A path's hash is the same whether it is taken whole or as its
+    /// directory and name, as each of the split's callers has it.
+    #[test]
+    fn a_path_hashes_the_same_whole_or_in_parts() {
+        assert_eq!(
+            Shard::path_hash(b"a/b", b"c"),
+            Shard::path_hash(b"", b"a/b/c")
+        );
+        assert_eq!(
+            Shard::path_hash(b"", b"c"),
+            xxhash_rust::xxh3::xxh3_64(b"c")
+        );
+        assert_ne!(Shard::path_hash(b"a", b"bc"), Shard::path_hash(b"ab", b"c"));
     }
 
     /// The names of a hard-linked file, wherever they are, go to one part.
@@ -287,7 +322,10 @@ mod tests {
         };
         for count in 2..6 {
             let parts: Vec<Shard> = (0..count).map(|index| Shard { index, count }).collect();
-            let owner = |rel: &[u8]| parts.iter().position(|p| p.owns(rel, &st)).unwrap();
+            let owner = |rel: &[u8]| {
+                let path = Shard::path_hash(b"", rel);
+                parts.iter().position(|p| p.owns(path, &st)).unwrap()
+            };
             assert_eq!(owner(b"a/x"), owner(b"b/c/y"));
             assert_eq!(owner(b"a/x"), owner(b"z"));
         }

@@ -2,7 +2,9 @@
 
 use crate::error::{Reason, Side};
 use crate::gauge::Activity;
+use crate::options::CopyOptions;
 use crate::plan::{self, Action};
+use crate::shard::Shard;
 use crate::source::Open;
 use crate::state::{DirNode, FileBatch, Listing, Shared, Task, Worker, BATCH};
 use sluice_sys::{FileType, Stat};
@@ -116,14 +118,8 @@ impl Worker {
             } => {
                 let node = node();
                 let opts = &self.shared.opts;
-                let theirs = opts.shard.is_some_and(|shard| {
-                    let chunks = match plan::action(&st, opts.chunk_size, opts.privileged) {
-                        Action::Chunked { chunks } => Some(chunks),
-                        _ => None,
-                    };
-                    !shard.takes(&node.child_rel(&dst_name), &st, chunks)
-                });
-                if !theirs {
+                let action = source_action(node, &st, opts.chunk_size, opts.privileged);
+                if !another_parts(opts, node, &dst_name, &st, action) {
                     self.copy_one(node, &src_name, &dst_name, &st)
                 }
             }
@@ -374,16 +370,8 @@ impl Worker {
                         return true;
                     }
                 }
-                // Another part's entry (`--shard`): a big file split by
-                // chunk is every part's, each taking its own chunks.
-                if let Some(shard) = &opts.shard {
-                    let chunks = match action {
-                        Action::Chunked { chunks } => Some(chunks),
-                        _ => None,
-                    };
-                    if action != Action::Dir && !shard.takes(&node.child_rel(name), &st, chunks) {
-                        return true;
-                    }
+                if another_parts(opts, node, name, &st, action) {
+                    return true;
                 }
                 stats.entries_found.fetch_add(1, Relaxed);
                 match action {
@@ -452,6 +440,28 @@ fn source_action(node: &DirNode, st: &Stat, chunk_size: u64, privileged: bool) -
         Action::Chunked { .. } if node.src_kind == sluice_sys::FsKind::Synthetic => Action::Whole,
         a => a,
     }
+}
+
+/// Whether the entry `name` of `node`, to be handled by `action`, is
+/// another part's of a job split over processes (`--shard`): every part
+/// takes every directory, and each big file split by chunk of which it
+/// owns a chunk.
+fn another_parts(
+    opts: &CopyOptions,
+    node: &DirNode,
+    name: &CStr,
+    st: &Stat,
+    action: Action,
+) -> bool {
+    let Some(shard) = &opts.shard else {
+        return false;
+    };
+    let chunks = match action {
+        Action::Dir => return false,
+        Action::Chunked { chunks } => Some(chunks),
+        _ => None,
+    };
+    !shard.takes(Shard::path_hash(&node.rel, name.to_bytes()), st, chunks)
 }
 
 /// A source directory listed but gone before it could be read: said, not
