@@ -125,7 +125,7 @@ def main():
             res["latency"] = latency(scratch, a.data, a.latency_files, [1, 2, 4, 8], a.repeat)
     finally:
         scratch.close()
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M")
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M%S")
     out = os.path.join(bench.ROOT, "bench", "results", f"ranks-{stamp}")
     L = [f"# MPI ranks and --shard against one process ({stamp})", "",
          f"Machine: {os.cpu_count()} cores, {platform_line()}. Each run onto a fresh ext4 on a loop",
