@@ -8,8 +8,10 @@
 //! figures, so rank 0 prints one summary for the job (per-rank figures in
 //! `--json`) and every rank exits with the worst code of any.
 
+use sluice_engine::exchange::{Desk, Item};
 use sluice_engine::options::Group;
 use sluice_engine::Summary;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc::{channel, sync_channel, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -27,6 +29,10 @@ pub fn launched() -> bool {
 /// What the talking thread is asked to do.
 #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 enum Ask {
+    /// Share out a job as it goes, this rank's side of it being the desk.
+    Open(Arc<dyn Desk>),
+    /// Hand these items to that rank.
+    Send(u32, Vec<Item>),
     /// Whether every rank is clean (this one's answer given).
     AllClean(bool, SyncSender<bool>),
     /// Every rank's figures, in rank order (this one's given).
@@ -42,6 +48,8 @@ pub struct Ranks {
     pub size: u32,
     asks: Mutex<Option<Sender<Ask>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Another rank asked this one for work and got none.
+    hungry: Arc<AtomicBool>,
 }
 
 impl Ranks {
@@ -50,9 +58,11 @@ impl Ranks {
     pub fn join() -> Result<Arc<Ranks>, String> {
         let (tx, rx) = channel::<Ask>();
         let (placed, place) = sync_channel(1);
+        let hungry = Arc::new(AtomicBool::new(false));
+        let starved = hungry.clone();
         let thread = std::thread::Builder::new()
             .name("mpi".into())
-            .spawn(move || talk(rx, placed))
+            .spawn(move || talk(rx, placed, starved))
             .map_err(|e| format!("cannot start the MPI thread: {e}"))?;
         let (rank, size) = place.recv().map_err(|_| {
             if cfg!(feature = "mpi") {
@@ -68,7 +78,14 @@ impl Ranks {
             size,
             asks: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
+            hungry,
         }))
+    }
+
+    fn tell(&self, ask: Ask) {
+        let asks = self.asks.lock().expect("asks lock");
+        let asks = asks.as_ref().expect("asked after the ranks were left");
+        asks.send(ask).expect("the MPI thread is gone");
     }
 
     fn ask<T>(&self, make: impl FnOnce(SyncSender<T>) -> Ask) -> T {
@@ -111,40 +128,383 @@ impl Group for Ranks {
     fn all_clean(&self, clean: bool) -> bool {
         self.ask(|tx| Ask::AllClean(clean, tx))
     }
+
+    fn shares_work(&self) -> bool {
+        true
+    }
+
+    fn open(&self, desk: Arc<dyn Desk>) {
+        self.tell(Ask::Open(desk));
+    }
+
+    fn send(&self, to: u32, items: Vec<Item>) {
+        self.tell(Ask::Send(to, items));
+    }
+
+    fn hungry(&self) -> bool {
+        self.hungry.load(Relaxed)
+    }
 }
 
 /// Without MPI built in, there is no one to talk to.
 #[cfg(not(feature = "mpi"))]
-fn talk(_: std::sync::mpsc::Receiver<Ask>, _: SyncSender<(u32, u32)>) {}
+fn talk(_: std::sync::mpsc::Receiver<Ask>, _: SyncSender<(u32, u32)>, _: Arc<AtomicBool>) {}
 
 /// The talking thread: starts MPI, says where this process is, answers
-/// asks with collective operations, and finishes MPI when the asks end.
+/// asks with collective operations, shares out a job's work while it
+/// runs (see [`Market`]), and finishes MPI when the asks end.
 #[cfg(feature = "mpi")]
-fn talk(asks: std::sync::mpsc::Receiver<Ask>, placed: SyncSender<(u32, u32)>) {
-    use mpi::collective::SystemOperation;
+fn talk(
+    asks: std::sync::mpsc::Receiver<Ask>,
+    placed: SyncSender<(u32, u32)>,
+    hungry: Arc<AtomicBool>,
+) {
     use mpi::traits::*;
     let Some((universe, _)) = mpi::initialize_with_threading(mpi::Threading::Funneled) else {
         return;
     };
     let world = universe.world();
     let _ = placed.send((world.rank() as u32, world.size() as u32));
+    // A rank whose talking thread failed would leave every rank waiting.
+    let talked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        serve_asks(&world, &asks, &hungry)
+    }));
+    if talked.is_err() {
+        world.abort(2);
+    }
+}
+
+/// Answers the asks until they end (see [`talk`]).
+#[cfg(feature = "mpi")]
+fn serve_asks(
+    world: &mpi::topology::SimpleCommunicator,
+    asks: &std::sync::mpsc::Receiver<Ask>,
+    hungry: &Arc<AtomicBool>,
+) {
+    use mpi::collective::SystemOperation;
+    use mpi::traits::*;
+    use std::sync::mpsc::RecvTimeoutError;
     let size = world.size() as usize;
-    for ask in asks {
+    let mut market: Option<Market> = None;
+    let mut session = 0u8;
+    loop {
+        // While a job is shared out, the thread also polls the other ranks.
+        let (idle, ask) = match &market {
+            Some(m) => {
+                // Idle is read before the asks are: whatever a stream handed
+                // over before its task ended is in the channel by then.
+                let idle = m.desk.idle();
+                match asks.recv_timeout(Duration::from_micros(200)) {
+                    Ok(a) => (false, Some(a)),
+                    Err(RecvTimeoutError::Timeout) => (idle, None),
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            }
+            None => match asks.recv() {
+                Ok(a) => (false, Some(a)),
+                Err(_) => break,
+            },
+        };
         match ask {
-            Ask::AllClean(clean, tx) => {
+            None => {}
+            Some(Ask::Open(desk)) => {
+                session = session.wrapping_add(1);
+                market = Some(Market::new(world, desk, session, hungry.clone()));
+            }
+            Some(Ask::Send(to, items)) => match &mut market {
+                Some(m) => m.hand_over(world, to, items),
+                None => unreachable!("items handed over while no job is shared out"),
+            },
+            Some(Ask::AllClean(clean, tx)) => {
                 let mine = i32::from(clean);
                 let mut all = 0i32;
                 world.all_reduce_into(&mine, &mut all, SystemOperation::min());
                 let _ = tx.send(all == 1);
             }
-            Ask::Share(mine, tx) => {
+            Some(Ask::Share(mine, tx)) => {
                 let mut all = vec![0f64; mine.len() * size];
                 world.all_gather_into(&mine[..], &mut all[..]);
                 let _ = tx.send(all.chunks(mine.len()).map(<[f64]>::to_vec).collect());
             }
-            Ask::Abort(code) => world.abort(code),
+            Some(Ask::Abort(code)) => world.abort(code),
+        }
+        if let Some(m) = &mut market {
+            if m.pump(world, idle) {
+                m.desk.close();
+                market = None;
+            }
         }
     }
+}
+
+/// Message tags between ranks sharing a job.
+#[cfg(feature = "mpi")]
+mod tag {
+    /// "Lend me work" (empty).
+    pub const ASK: i32 = 1;
+    /// What a rank asked for: items, or none to spare.
+    pub const LOAN: i32 = 2;
+    /// Items that are the receiver's (see `exchange::Item::Owned`).
+    pub const HANDED: i32 = 3;
+    /// The termination token: (sum of counts, black).
+    pub const TOKEN: i32 = 4;
+    /// Every rank is idle and nothing is in flight: the job's streams end.
+    pub const DONE: i32 = 5;
+}
+
+/// One job shared out between the ranks as it goes: idle ranks ask a
+/// random other rank for work and are lent some (libcircle's work
+/// stealing, as mpifileutils uses), and Safra's token ring (EWD 998)
+/// finds when every rank is idle with no work in flight. Each rank counts
+/// the messages that carry work it sent less those it received; a rank
+/// that received one since the token last passed it is black. Rank 0
+/// sends a white token round the ring whenever it is idle; each idle rank
+/// adds its count, blackens it if it is black itself, turns white and
+/// passes it on; when it returns white to a white rank 0 and the counts
+/// add up to zero, no work is anywhere, and rank 0 tells every rank.
+///
+/// Every message starts with the job's session number, so a request left
+/// over from an earlier job of the same run is known and dropped.
+#[cfg(feature = "mpi")]
+struct Market {
+    desk: Arc<dyn Desk>,
+    session: u8,
+    rank: i32,
+    size: i32,
+    /// Messages carrying work sent, less those received.
+    count: i64,
+    black: bool,
+    /// The token, while this rank holds it.
+    token: Option<(i64, bool)>,
+    /// Rank 0: a token is on its way round.
+    token_out: bool,
+    /// A request for work is waiting for its answer.
+    asking: bool,
+    /// When to ask again after a rank had nothing to lend.
+    next_ask: std::time::Instant,
+    /// Messages received while a send of this rank's was completing.
+    inbox: std::collections::VecDeque<(i32, i32, Vec<u8>)>,
+    /// Items to hand over, per rank, sent when the asks are drained.
+    outbox: Vec<Vec<Item>>,
+    rng: u64,
+    hungry: Arc<AtomicBool>,
+}
+
+#[cfg(feature = "mpi")]
+impl Market {
+    fn new(
+        world: &mpi::topology::SimpleCommunicator,
+        desk: Arc<dyn Desk>,
+        session: u8,
+        hungry: Arc<AtomicBool>,
+    ) -> Market {
+        use mpi::traits::*;
+        let (rank, size) = (world.rank(), world.size());
+        Market {
+            desk,
+            session,
+            rank,
+            size,
+            count: 0,
+            black: false,
+            token: None,
+            token_out: false,
+            asking: false,
+            next_ask: std::time::Instant::now(),
+            inbox: Default::default(),
+            outbox: vec![Vec::new(); size as usize],
+            rng: 0x9e37_79b9_7f4a_7c15 ^ (rank as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9),
+            hungry,
+        }
+    }
+
+    fn hand_over(&mut self, world: &mpi::topology::SimpleCommunicator, to: u32, items: Vec<Item>) {
+        let out = &mut self.outbox[to as usize];
+        out.extend(items);
+        if out.len() >= 256 {
+            self.flush(world, to as usize);
+        }
+    }
+
+    fn flush(&mut self, world: &mpi::topology::SimpleCommunicator, to: usize) {
+        let items = std::mem::take(&mut self.outbox[to]);
+        if !items.is_empty() {
+            self.count += 1;
+            self.post(world, to as i32, tag::HANDED, &items);
+        }
+    }
+
+    /// Sends one message, taking in what arrives meanwhile: two ranks
+    /// sending each other a large message at once would otherwise each
+    /// wait for the other to receive.
+    fn post(
+        &mut self,
+        world: &mpi::topology::SimpleCommunicator,
+        to: i32,
+        tag: i32,
+        items: &[Item],
+    ) {
+        let mut buf = vec![self.session];
+        if !items.is_empty() {
+            buf.extend(postcard::to_stdvec(items).expect("items encode"));
+        }
+        self.post_raw(world, to, tag, &buf);
+    }
+
+    fn post_raw(
+        &mut self,
+        world: &mpi::topology::SimpleCommunicator,
+        to: i32,
+        tag: i32,
+        buf: &[u8],
+    ) {
+        use mpi::traits::*;
+        let inbox = &mut self.inbox;
+        mpi::request::scope(|scope| {
+            let mut req = world
+                .process_at_rank(to)
+                .immediate_send_with_tag(scope, buf, tag);
+            loop {
+                match req.test() {
+                    Ok(_) => break,
+                    Err(r) => req = r,
+                }
+                if let Some(m) = receive(world) {
+                    inbox.push_back(m);
+                }
+            }
+        });
+    }
+
+    /// One round: takes in what arrived, answers it, hands over what the
+    /// streams gave, asks for work when idle, and moves the token. True
+    /// once every rank is done.
+    fn pump(&mut self, world: &mpi::topology::SimpleCommunicator, idle: bool) -> bool {
+        while let Some(m) = receive(world) {
+            self.inbox.push_back(m);
+        }
+        let mut done = false;
+        let mut busy = !idle;
+        while let Some((from, tag, data)) = self.inbox.pop_front() {
+            if data.first() != Some(&self.session) {
+                continue; // an earlier job's
+            }
+            let items = || -> Vec<Item> {
+                if data.len() <= 1 {
+                    Vec::new()
+                } else {
+                    postcard::from_bytes(&data[1..]).expect("items decode")
+                }
+            };
+            match tag {
+                tag::ASK => {
+                    let lent = self.desk.lend();
+                    self.hungry.store(lent.is_empty(), Relaxed);
+                    if !lent.is_empty() {
+                        self.count += 1;
+                    }
+                    self.post(world, from, tag::LOAN, &lent);
+                }
+                tag::LOAN => {
+                    self.asking = false;
+                    let lent = items();
+                    if lent.is_empty() {
+                        self.next_ask = std::time::Instant::now() + Duration::from_micros(500);
+                    } else {
+                        self.count -= 1;
+                        self.black = true;
+                        busy = true;
+                        self.desk.take(lent);
+                    }
+                }
+                tag::HANDED => {
+                    self.count -= 1;
+                    self.black = true;
+                    busy = true;
+                    self.desk.take(items());
+                }
+                tag::TOKEN => {
+                    let q = i64::from_le_bytes(data[1..9].try_into().expect("a token"));
+                    self.token = Some((q, data[9] != 0));
+                }
+                tag::DONE => done = true,
+                _ => {}
+            }
+        }
+        if done {
+            return true;
+        }
+        for to in 0..self.size as usize {
+            self.flush(world, to);
+        }
+        if busy {
+            return false;
+        }
+        // Idle: ask for work, and move the token on.
+        if !self.asking && std::time::Instant::now() >= self.next_ask {
+            self.asking = true;
+            let victim = self.victim();
+            self.post(world, victim, tag::ASK, &[]);
+        }
+        let next = (self.rank + 1) % self.size;
+        if self.rank == 0 {
+            match self.token.take() {
+                None if self.token_out => {}
+                Some((q, black)) if !black && !self.black && q + self.count == 0 => {
+                    for r in 1..self.size {
+                        self.post(world, r, tag::DONE, &[]);
+                    }
+                    return true;
+                }
+                _ => {
+                    self.token_out = true;
+                    self.black = false;
+                    self.pass_token(world, next, 0, false);
+                }
+            }
+        } else if let Some((q, black)) = self.token.take() {
+            let black = black || self.black;
+            self.black = false;
+            self.pass_token(world, next, q + self.count, black);
+        }
+        false
+    }
+
+    fn pass_token(
+        &mut self,
+        world: &mpi::topology::SimpleCommunicator,
+        to: i32,
+        q: i64,
+        black: bool,
+    ) {
+        let mut buf = vec![self.session];
+        buf.extend(q.to_le_bytes());
+        buf.push(u8::from(black));
+        self.post_raw(world, to, tag::TOKEN, &buf);
+    }
+
+    /// A random rank other than this one (xorshift).
+    fn victim(&mut self) -> i32 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let other = (self.rng % (self.size as u64 - 1)) as i32;
+        if other >= self.rank {
+            other + 1
+        } else {
+            other
+        }
+    }
+}
+
+/// A message from any rank, if one has arrived: (from, tag, bytes).
+#[cfg(feature = "mpi")]
+fn receive(world: &mpi::topology::SimpleCommunicator) -> Option<(i32, i32, Vec<u8>)> {
+    use mpi::point_to_point::MatchedReceiveVec;
+    use mpi::traits::*;
+    let (msg, status) = world.any_process().immediate_matched_probe()?;
+    let (data, _) = (msg, status).matched_receive_vec::<u8>();
+    Some((status.source_rank(), status.tag(), data))
 }
 
 /// A summary as numbers, for the ranks to share: its counters, stream

@@ -39,7 +39,9 @@ enum Stop {
 /// they copy are (each part deletes the extras whose path is its).
 pub(crate) fn run(shared: &Shared, all_clean: bool) {
     let mut extras = shared.ledger.take_extras();
-    if let Some(shard) = &shared.opts.shard {
+    // Shared out as it goes, a part found the extras of the directories it
+    // listed, which no other part lists; split, every part found them all.
+    if let Some(shard) = shared.opts.shard.filter(|_| shared.sharing.is_none()) {
         for group in &mut extras {
             let dir = &group.dir;
             group
@@ -166,7 +168,9 @@ pub(crate) fn leftovers(shared: &Shared) {
         };
         let mut removed = false;
         for (name, _) in &group.names {
-            if shard.owns_path(Shard::path_hash(&group.dir, name.to_bytes())) {
+            if shared.sharing.is_some()
+                || shard.owns_path(Shard::path_hash(&group.dir, name.to_bytes()))
+            {
                 removed |= sluice_sys::unlink_at(dir.as_fd(), name).is_ok();
             }
         }

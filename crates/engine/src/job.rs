@@ -230,6 +230,14 @@ fn run(
     let throttle = opts
         .bwlimit
         .map(|r| Throttle::new(r, [cancel.clone(), halted.clone()]));
+    // A tree shared out between the members of a group as it goes; a
+    // single file is split by chunk, as `--shard` splits it.
+    let sharing = match (&opts.group, opts.shard) {
+        (Some(g), Some(part)) if g.shares_work() && roots.single.is_none() => {
+            Some((g.clone(), part))
+        }
+        _ => None,
+    };
     let shared = Arc::new(Shared {
         // Sized for the streams that start working, not for every stream
         // -j auto could add (a longer queue only spreads a directory's
@@ -264,6 +272,7 @@ fn run(
         budget,
         throttle,
         gate: Gate::new(if auto { opts.jobs.min(jobs) } else { jobs }, jobs),
+        sharing,
         opts,
     });
     // Its one hold is the first task's.
@@ -304,10 +313,26 @@ fn run(
             }
         }
     };
-    shared
-        .queue
-        .push(crate::queue::Lane::Dir, first)
-        .unwrap_or_else(|_| unreachable!("a new queue has room"));
+    // Sharing, part 0 lists the root and the others start with nothing:
+    // work comes to them from the group, which holds every part's queue
+    // open until no part has any left.
+    let desk = shared.sharing.as_ref().map(|(group, part)| {
+        shared.queue.hold();
+        let root = shared.ledger.dirs.get(key).expect("the root is held");
+        let desk = Arc::new(crate::exchange::JobDesk {
+            shared: shared.clone(),
+            root,
+        });
+        group.open(desk.clone());
+        (desk, part.index == 0)
+    });
+    match &desk {
+        Some((_, false)) => drop(Listing::begun(&shared.stats)),
+        _ => shared
+            .queue
+            .push(crate::queue::Lane::Dir, first)
+            .unwrap_or_else(|_| unreachable!("a new queue has room")),
+    }
     shared.stats.walk_started.store(true, Relaxed);
     let started = std::time::Instant::now();
     let sampled = AtomicBool::new(false);
@@ -344,6 +369,12 @@ fn run(
         }
         sampled.store(true, Relaxed);
     });
+    if let Some((desk, lists_root)) = desk {
+        // The root's first task, which only part 0 ran, is done.
+        if !lists_root {
+            desk.root.release();
+        }
+    }
     shared
         .stats
         .streams

@@ -23,6 +23,7 @@ mod copy;
 mod delete;
 mod delta;
 pub mod error;
+pub mod exchange;
 mod existing;
 pub mod gauge;
 pub mod hash;

@@ -29,6 +29,33 @@ pub trait Group: Send + Sync {
     /// Whether every member's walk ended clean (no error, not stopped),
     /// `clean` being this member's: `--delete` removes nothing otherwise.
     fn all_clean(&self, clean: bool) -> bool;
+
+    /// Whether the members share the job out as it goes (see
+    /// [`crate::exchange`]) rather than each walking all of it and taking
+    /// its part (`--shard`).
+    fn shares_work(&self) -> bool {
+        false
+    }
+
+    /// Starts sharing work for one job, whose side is `desk`; the group
+    /// calls [`Desk::close`](crate::exchange::Desk::close) once every
+    /// member is idle and no work is on its way. Every member calls it
+    /// when its streams start.
+    fn open(&self, desk: std::sync::Arc<dyn crate::exchange::Desk>) {
+        let _ = desk;
+    }
+
+    /// Hands `items` to member `to`, whose they are.
+    fn send(&self, to: u32, items: Vec<crate::exchange::Item>) {
+        let _ = (to, items);
+    }
+
+    /// Whether another member waits for work: a lister then queues its
+    /// batches of files, where they can be lent, rather than copy them
+    /// itself at once.
+    fn hungry(&self) -> bool {
+        false
+    }
 }
 
 /// Everything a copy job is told; `Default` is what `sluice copy` does

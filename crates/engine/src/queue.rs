@@ -165,6 +165,77 @@ impl<T> Queue<T> {
         }
     }
 
+    /// Holds the pool open while it has nothing to do: other processes of
+    /// the job may still hand it work ([`Queue::push_over`]). `pop` waits
+    /// until [`Queue::unhold`].
+    pub fn hold(&self) {
+        self.lanes.lock().expect("queue lock").outstanding += 1;
+    }
+
+    /// Gives back [`Queue::hold`]: with nothing else queued or running,
+    /// the streams end.
+    pub fn unhold(&self) {
+        let mut l = self.lanes.lock().expect("queue lock");
+        l.outstanding -= 1;
+        if l.outstanding == 0 {
+            self.ready.notify_all();
+        }
+    }
+
+    /// True when, but for its hold, nothing is queued or running: only
+    /// work from elsewhere can give the pool something to do.
+    pub fn held_idle(&self) -> bool {
+        self.lanes.lock().expect("queue lock").outstanding <= 1
+    }
+
+    /// Queues a task whatever its lane holds (work another process lent,
+    /// bounded by what one loan carries).
+    pub fn push_over(&self, lane: Lane, task: T) {
+        let mut l = self.lanes.lock().expect("queue lock");
+        match lane {
+            Lane::Chunk => l.chunks.push_back(task),
+            Lane::Data => l.data.push_back(task),
+            Lane::Dir => l.dirs.push(task),
+        }
+        l.outstanding += 1;
+        drop(l);
+        self.ready.notify_one();
+    }
+
+    /// Takes queued work to lend to another process: half the queued
+    /// directories that `lendable` accepts, oldest first (the shallowest,
+    /// with the most below them), or with none, half such batches of
+    /// files. The tasks are no longer this queue's.
+    pub fn lend(&self, lendable: impl Fn(&T) -> bool) -> Vec<T> {
+        let mut l = self.lanes.lock().expect("queue lock");
+        let mut lent = Vec::new();
+        let n = l.dirs.iter().filter(|t| lendable(t)).count().div_ceil(2);
+        if n > 0 {
+            let mut kept = Vec::with_capacity(l.dirs.len() - n);
+            for t in l.dirs.drain(..) {
+                if lent.len() < n && lendable(&t) {
+                    lent.push(t);
+                } else {
+                    kept.push(t);
+                }
+            }
+            l.dirs = kept;
+        } else {
+            let n = l.data.iter().filter(|t| lendable(t)).count().div_ceil(2);
+            let mut kept = VecDeque::with_capacity(l.data.len());
+            for t in l.data.drain(..) {
+                if lent.len() < n && lendable(&t) {
+                    lent.push(t);
+                } else {
+                    kept.push_back(t);
+                }
+            }
+            l.data = kept;
+        }
+        l.outstanding -= lent.len();
+        lent
+    }
+
     /// Stops the pool: queued tasks are dropped, `pop` returns `None`.
     pub fn close(&self) -> Vec<T> {
         let mut l = self.lanes.lock().expect("queue lock");
@@ -213,6 +284,34 @@ mod tests {
         assert_eq!(q.pop(), Some((Lane::Chunk, 11)));
         q.done(Lane::Chunk);
         assert_eq!(q.chunk_work(), 0);
+        assert_eq!(q.pop(), None);
+    }
+
+    /// A held pool waits for work from elsewhere rather than ending; what
+    /// it lends is no longer outstanding here.
+    #[test]
+    fn a_held_queue_lends_its_oldest_directories_and_waits_for_more() {
+        let q = Queue::new(8, 8);
+        q.hold();
+        for t in [1, 2, 3, 4] {
+            q.push(Lane::Dir, t).unwrap();
+        }
+        q.push(Lane::Data, 5).unwrap();
+        // Only what may be lent (odd numbers here) goes, half at a time.
+        let odd = |t: &i32| t % 2 == 1;
+        assert_eq!(q.lend(odd), vec![1]);
+        assert_eq!(q.lend(odd), vec![3]);
+        assert_eq!(q.lend(odd), vec![5]);
+        assert!(!q.held_idle());
+        assert_eq!(q.pop(), Some((Lane::Dir, 4)));
+        q.done(Lane::Dir);
+        assert_eq!(q.pop(), Some((Lane::Dir, 2)));
+        q.done(Lane::Dir);
+        assert!(q.held_idle());
+        q.push_over(Lane::Data, 4);
+        assert_eq!(q.pop(), Some((Lane::Data, 4)));
+        q.done(Lane::Data);
+        q.unhold();
         assert_eq!(q.pop(), None);
     }
 

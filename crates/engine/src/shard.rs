@@ -102,6 +102,12 @@ impl Shard {
     /// is this part's: by its inode when it is a file with more than one
     /// name, else by its path.
     pub fn owns(&self, path: u64, st: &Stat) -> bool {
+        self.owner(path, st) == self.index
+    }
+
+    /// The part whose the entry whose path hashes to `path` is (see
+    /// [`Shard::owns`]).
+    pub fn owner(&self, path: u64, st: &Stat) -> u32 {
         let h = if Self::linked(st) {
             let mut h = Xxh3::new();
             h.update(&st.dev.0.to_le_bytes());
@@ -111,7 +117,7 @@ impl Shard {
         } else {
             path
         };
-        self.owns_path(h)
+        (h % u64::from(self.count)) as u32
     }
 
     /// Whether an entry known by its path alone (an extra DST has, to

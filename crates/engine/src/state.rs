@@ -86,6 +86,9 @@ pub(crate) struct Shared {
     pub throttle: Option<Throttle>,
     /// How many of the streams may take work (all of them unless `-j auto`).
     pub gate: Gate,
+    /// The group this job's work is shared out with as it goes (see
+    /// [`crate::exchange`]), and this member's part of it.
+    pub(crate) sharing: Option<(Arc<dyn crate::options::Group>, crate::shard::Shard)>,
 }
 
 impl Shared {

@@ -370,10 +370,14 @@ impl Worker {
                         return true;
                     }
                 }
-                if another_parts(opts, node, name, &st, action) {
+                if shared.sharing.is_none() && another_parts(opts, node, name, &st, action) {
                     return true;
                 }
                 stats.entries_found.fetch_add(1, Relaxed);
+                if !keep_or_hand_over(&shared, node, name, &st, action) {
+                    stats.bytes_found.fetch_add(st.size, Relaxed);
+                    return true;
+                }
                 match action {
                     Action::Dir => {
                         Listing::found(stats);
@@ -400,7 +404,9 @@ impl Worker {
                             // for its lock (measured: half the CPU spent spinning
                             // on it with 2 streams). Only idle streams are handed
                             // a share, as in a single huge directory.
-                            if shared.queue.has_idle() {
+                            if shared.queue.has_idle()
+                                || shared.sharing.as_ref().is_some_and(|(g, _)| g.hungry())
+                            {
                                 self.queue_task(Task::Files(full));
                             } else {
                                 self.run_task(Task::Files(full));
@@ -462,6 +468,40 @@ fn another_parts(
         _ => None,
     };
     !shard.takes(Shard::path_hash(&node.rel, name.to_bytes()), st, chunks)
+}
+
+/// Whether the entry `name` of `node`, which this part of a job shared
+/// out as it goes listed, is this part's to copy (see [`crate::exchange`]):
+/// a file with more than one name is handed to the part its inode hashes
+/// to, a big file to every other part that has chunks of it (and kept if
+/// this part has some too); everything else its lister copies.
+fn keep_or_hand_over(
+    shared: &Shared,
+    node: &DirNode,
+    name: &CStr,
+    st: &Stat,
+    action: Action,
+) -> bool {
+    let Some((group, part)) = &shared.sharing else {
+        return true;
+    };
+    let path = Shard::path_hash(&node.rel, name.to_bytes());
+    let owners = match action {
+        Action::Chunked { chunks } if Shard::splits(st) => part.owners(path, chunks),
+        Action::Whole | Action::Chunked { .. } if !Shard::splits(st) => vec![part.owner(path, st)],
+        _ => return true,
+    };
+    for &to in owners.iter().filter(|&&p| p != part.index) {
+        let entries = vec![(name.to_bytes().to_vec(), *st)];
+        group.send(
+            to,
+            vec![crate::exchange::Item::Owned {
+                dir: node.rel.clone(),
+                entries,
+            }],
+        );
+    }
+    owners.contains(&part.index)
 }
 
 /// A source directory listed but gone before it could be read: said, not

@@ -1,0 +1,234 @@
+//! Work that crosses between the processes of one job that share it out
+//! as it goes (MPI ranks; see [`crate::options::Group`]).
+//!
+//! Part 0 lists the root; every other part starts with nothing. A part
+//! that runs out of work asks another, which lends half of what waits in
+//! its queue: subdirectories not yet entered (the oldest, with the most
+//! below them), or else batches of a big directory's files. So each
+//! directory is listed by exactly one part, which copies its files,
+//! notes its extras for `--delete` and sets its metadata; a part that
+//! writes into a directory another part listed (the subdirectory it was
+//! lent, a file it was handed) sets that directory's metadata again after
+//! its own writes, so whoever writes last sets it last.
+//!
+//! Two kinds of entry go to a part decided by the entry, not by who listed
+//! it: a file with more than one name goes to the part its inode hashes
+//! to (so one part sees every name of it and links them), and a big file
+//! to every part that owns some of its chunks (the `--shard` split by
+//! chunk, see [`crate::parts`]). The lister hands those over as
+//! [`Item::Owned`].
+//!
+//! Keys are a process's own; what crosses names directories by their
+//! path relative to the roots, and the part that takes it opens them
+//! beneath its held roots, one component at a time, as `delete` does.
+
+use crate::error::{Reason, Side};
+use crate::state::{DirNode, FileBatch, Listing, Shared, Task};
+use sluice_sys::Stat;
+use std::ffi::CString;
+use std::os::fd::AsFd;
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+
+/// A piece of work handed from one part of a job to another.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum Item {
+    /// A subdirectory to create in DST and walk: `dir` is its parent's
+    /// path, relative to the roots ("" for the roots).
+    Dir {
+        dir: Vec<u8>,
+        name: Vec<u8>,
+        st: Stat,
+    },
+    /// Files of one directory to copy, from its lister's queue.
+    Files {
+        dir: Vec<u8>,
+        entries: Vec<(Vec<u8>, Stat)>,
+    },
+    /// Entries the taker owns though another part listed them: files
+    /// with more than one name, and big files it has chunks of.
+    Owned {
+        dir: Vec<u8>,
+        entries: Vec<(Vec<u8>, Stat)>,
+    },
+}
+
+/// One part's side of the exchange, which the group calls (from its own
+/// thread) while the job's streams run.
+pub trait Desk: Send + Sync {
+    /// Whether this part has nothing queued or running: only work from
+    /// another part can give it some.
+    fn idle(&self) -> bool;
+    /// Work for a part that asked: empty when there is none to spare.
+    fn lend(&self) -> Vec<Item>;
+    /// Queues work another part lent or handed over.
+    fn take(&self, items: Vec<Item>);
+    /// Every part is idle and no work is on its way: the streams end.
+    fn close(&self);
+}
+
+/// The job's desk: its queue and tables, and the roots to open what it
+/// takes beneath.
+pub(crate) struct JobDesk {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) root: Arc<DirNode>,
+}
+
+impl Desk for JobDesk {
+    fn idle(&self) -> bool {
+        self.shared.queue.held_idle()
+    }
+
+    fn lend(&self) -> Vec<Item> {
+        let sh = &self.shared;
+        if sh.stopped() {
+            return Vec::new();
+        }
+        let mut items = Vec::new();
+        let lendable = |t: &Task| matches!(t, Task::Dir { .. } | Task::Files(_));
+        for task in sh.queue.lend(lendable) {
+            let Some(key) = task.holds() else { continue };
+            let node = sh.ledger.dirs.get(key).expect("a task's directory is held");
+            match task {
+                Task::Dir { name, st, .. } => {
+                    // Its listing is the taker's to count now.
+                    drop(Listing::begun(&sh.stats));
+                    items.push(Item::Dir {
+                        dir: node.rel.clone(),
+                        name: name.into_bytes(),
+                        st,
+                    });
+                }
+                Task::Files(batch) => items.push(Item::Files {
+                    dir: node.rel.clone(),
+                    entries: batch
+                        .entries
+                        .iter()
+                        .map(|&(start, st)| (batch.name(start).to_bytes().to_vec(), st))
+                        .collect(),
+                }),
+                other => unreachable!("only directories and batches are lent: {other:?}"),
+            }
+            node.release();
+        }
+        items
+    }
+
+    fn take(&self, items: Vec<Item>) {
+        let sh = &self.shared;
+        for item in items {
+            if sh.stopped() {
+                return;
+            }
+            let (dir, tasks) = match &item {
+                Item::Dir { dir, .. } | Item::Files { dir, .. } => (dir, 1),
+                Item::Owned { dir, entries } => (dir, entries.len()),
+            };
+            let node = match self.adopt(dir, tasks as u32) {
+                Ok(node) => node,
+                Err(err) => {
+                    sh.fail(err);
+                    continue;
+                }
+            };
+            let name = |n: Vec<u8>| CString::new(n).expect("a listed name has no NUL");
+            let queue = |task: Task| sh.queue.push_over(task.lane(), task);
+            match item {
+                Item::Dir { name: n, st, .. } => {
+                    Listing::found(&sh.stats);
+                    queue(Task::Dir {
+                        parent: node.key,
+                        name: name(n),
+                        st,
+                    });
+                }
+                Item::Files { entries, .. } => {
+                    let mut batch = FileBatch::new(node.key);
+                    for (n, st) in entries {
+                        batch.push(&name(n), st);
+                    }
+                    queue(Task::Files(batch));
+                }
+                Item::Owned { entries, .. } => {
+                    for (n, st) in entries {
+                        let n = name(n);
+                        queue(Task::Single {
+                            dir: node.key,
+                            src_name: n.clone(),
+                            dst_name: n,
+                            st,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    fn close(&self) {
+        self.shared.queue.unhold();
+    }
+}
+
+impl JobDesk {
+    /// Opens the directory `rel` on both sides, beneath the roots, as a
+    /// directory of this part's with `holds` tasks to come: it existed (its
+    /// lister made it), and its metadata is set again once they are done.
+    fn adopt(&self, rel: &[u8], holds: u32) -> Result<Arc<DirNode>, crate::EntryError> {
+        let sh = &self.shared;
+        let fail = |side, op, e| sh.error(side, rel, op, Reason::Os(e));
+        let mut src = None;
+        for part in rel.split(|&b| b == b'/').filter(|p| !p.is_empty()) {
+            let name = CString::new(part)
+                .map_err(|_| fail(Side::Src, "open directory", sluice_sys::Errno::INVAL))?;
+            let from = src.as_ref().unwrap_or(&self.root.src);
+            src = Some(
+                sh.source
+                    .open_dir(from, &name)
+                    .map_err(|e| fail(Side::Src, "open directory", e))?,
+            );
+        }
+        let src = match src {
+            Some(s) => s,
+            // The root again, a descriptor of its own (the root's is
+            // another stream's to read).
+            None => match self.root.src.fd() {
+                Some(fd) => sluice_sys::open_dir_beneath(fd, b"").map(crate::source::SrcDir::local),
+                None => sh.source.open_dir(&self.root.src, c"."),
+            }
+            .map_err(|e| fail(Side::Src, "open directory", e))?,
+        };
+        let stat = sh
+            .source
+            .stat_dir(&src)
+            .map_err(|e| fail(Side::Src, "stat", e))?;
+        let dst = match &sh.dst_root_fd {
+            None => None,
+            Some(root) => match crate::target::open_beneath(root.as_fd(), rel) {
+                Ok(fd) => Some(fd),
+                // A dry run's directory that would have been created.
+                Err(_) if sh.opts.dry_run => None,
+                Err(e) => return Err(fail(Side::Dst, "open directory", e)),
+            },
+        };
+        let facts = crate::tree::DstFacts::of(dst.as_ref());
+        let key = sh.ledger.dirs.key();
+        let node = Arc::new(DirNode {
+            key,
+            holds: AtomicU32::new(holds),
+            creates_as: facts.creates_as,
+            dst_id: facts.id,
+            default_acl: facts.default_acl,
+            src_kind: sh.source.kind(&src),
+            src,
+            existed: dst.is_some(),
+            dst,
+            rel: rel.to_vec(),
+            stat,
+            owned: sh.writes() && (!rel.is_empty() || sh.owns_root),
+            parent: None,
+            shared: sh.clone(),
+        });
+        sh.ledger.dirs.insert(key, node.clone());
+        Ok(node)
+    }
+}
