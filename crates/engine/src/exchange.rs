@@ -24,48 +24,12 @@
 
 use crate::error::{Reason, Side};
 use crate::state::{DirNode, FileBatch, Listing, Shared, Task};
-use sluice_sys::Stat;
 use std::ffi::CString;
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
-/// A piece of work handed from one part of a job to another.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub enum Item {
-    /// A subdirectory to create in DST and walk: `dir` is its parent's
-    /// path, relative to the roots ("" for the roots).
-    Dir {
-        dir: Vec<u8>,
-        name: Vec<u8>,
-        st: Stat,
-    },
-    /// Files of one directory to copy, from its lister's queue.
-    Files {
-        dir: Vec<u8>,
-        entries: Vec<(Vec<u8>, Stat)>,
-    },
-    /// Entries the taker owns though another part listed them: files
-    /// with more than one name, and big files it has chunks of.
-    Owned {
-        dir: Vec<u8>,
-        entries: Vec<(Vec<u8>, Stat)>,
-    },
-}
-
-/// One part's side of the exchange, which the group calls (from its own
-/// thread) while the job's streams run.
-pub trait Desk: Send + Sync {
-    /// Whether this part has nothing queued or running: only work from
-    /// another part can give it some.
-    fn idle(&self) -> bool;
-    /// Work for a part that asked: empty when there is none to spare.
-    fn lend(&self) -> Vec<Item>;
-    /// Queues work another part lent or handed over.
-    fn take(&self, items: Vec<Item>);
-    /// Every part is idle and no work is on its way: the streams end.
-    fn close(&self);
-}
+pub use crate::options::{Desk, Item};
 
 /// The job's desk: its queue and tables, and the roots to open what it
 /// takes beneath.

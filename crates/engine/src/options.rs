@@ -4,6 +4,7 @@
 use crate::error::{EntryError, Side};
 use crate::gauge::{Busy, Load};
 use crate::source::Wire;
+use sluice_sys::Stat;
 use sluice_walk::Filter;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -38,15 +39,15 @@ pub trait Group: Send + Sync {
     }
 
     /// Starts sharing work for one job, whose side is `desk`; the group
-    /// calls [`Desk::close`](crate::exchange::Desk::close) once every
+    /// calls [`Desk::close`](Desk::close) once every
     /// member is idle and no work is on its way. Every member calls it
     /// when its streams start.
-    fn open(&self, desk: std::sync::Arc<dyn crate::exchange::Desk>) {
+    fn open(&self, desk: std::sync::Arc<dyn Desk>) {
         let _ = desk;
     }
 
     /// Hands `items` to member `to`, whose they are.
-    fn send(&self, to: u32, items: Vec<crate::exchange::Item>) {
+    fn send(&self, to: u32, items: Vec<Item>) {
         let _ = (to, items);
     }
 
@@ -56,6 +57,44 @@ pub trait Group: Send + Sync {
     fn hungry(&self) -> bool {
         false
     }
+}
+
+/// A piece of work handed from one part of a job to another (see
+/// [`crate::exchange`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum Item {
+    /// A subdirectory to create in DST and walk: `dir` is its parent's
+    /// path, relative to the roots ("" for the roots).
+    Dir {
+        dir: Vec<u8>,
+        name: Vec<u8>,
+        st: Stat,
+    },
+    /// Files of one directory to copy, from its lister's queue.
+    Files {
+        dir: Vec<u8>,
+        entries: Vec<(Vec<u8>, Stat)>,
+    },
+    /// Entries the taker owns though another part listed them: files
+    /// with more than one name, and big files it has chunks of.
+    Owned {
+        dir: Vec<u8>,
+        entries: Vec<(Vec<u8>, Stat)>,
+    },
+}
+
+/// One part's side of the exchange, which the group calls (from its own
+/// thread) while the job's streams run.
+pub trait Desk: Send + Sync {
+    /// Whether this part has nothing queued or running: only work from
+    /// another part can give it some.
+    fn idle(&self) -> bool;
+    /// Work for a part that asked: empty when there is none to spare.
+    fn lend(&self) -> Vec<Item>;
+    /// Queues work another part lent or handed over.
+    fn take(&self, items: Vec<Item>);
+    /// Every part is idle and no work is on its way: the streams end.
+    fn close(&self);
 }
 
 /// Everything a copy job is told; `Default` is what `sluice copy` does
