@@ -40,6 +40,8 @@ def variants(src, dst):
     one = f"{SLUICE} copy --no-progress -q"
     return [
         ("1 process -j 8", f"{one} -j 8 {src} {dst}"),
+        # The launcher alone: mpirun starting one process, which is no MPI job.
+        ("mpirun -np 1 -j 8", f"{MPIRUN} -np 1 {one} -j 8 {src} {dst}"),
         ("mpirun -np 2, -j 4 each", f"{MPIRUN} -np 2 {one} -j 4 {src} {dst}"),
         ("--shard 0/2 + 1/2, -j 4 each",
          f"{one} -j 4 --shard 0/2 {src} {dst} & {one} -j 4 --shard 1/2 {src} {dst}; wait"),
@@ -66,6 +68,8 @@ def overhead(scratch, data, shapes, repeat):
 
 
 def latency(scratch, data, files, ranks, repeat):
+    if not os.path.exists(LATENCYFS):
+        bench.sh("cargo build --release -p sluice-latencyfs")
     src = bench.dataset(os.path.join(data, f"ranks-latency-{files}"), "dense", f"--files {files}")
     scratch.fresh()
     os.makedirs(SHARE, exist_ok=True)

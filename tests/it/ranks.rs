@@ -293,3 +293,60 @@ fn a_rank_killed_mid_copy_fails_the_job_and_a_rerun_with_other_ranks_finishes() 
     // markers of a split into 2) went with the rerun's clean end.
     assert_no_temporaries(&dst);
 }
+
+/// Run as a user (not root), read-only directories whose files, hard
+/// links and big file chunks are written by several ranks come out
+/// exact: no rank finds a directory made read-only under it, and each
+/// directory's times are set after the last write into it.
+#[test]
+fn read_only_directories_written_by_several_ranks_come_out_exact() {
+    if !have_mpirun() {
+        return;
+    }
+    let Some(t) = nobody_dir("ranks-ro", 0o777) else {
+        return;
+    };
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    for f in 0..6000u64 {
+        write(&src.join(format!("ro/f{f}")), &bytes(50, f));
+    }
+    for s in 0..4u64 {
+        for f in 0..300u64 {
+            write(&src.join(format!("ro/s{s}/f{f}")), &bytes(80, s * 1000 + f));
+        }
+    }
+    fs::hard_link(src.join("ro/s0/f1"), src.join("ro/s2/link")).unwrap();
+    fs::hard_link(src.join("ro/s0/f1"), src.join("ro/link")).unwrap();
+    write(&src.join("ro/huge.bin"), &bytes(16 << 20, 9));
+    // Nobody's own tree: its owner is what a copy as nobody can keep.
+    Command::new("chown")
+        .args(["-R", "nobody:nogroup"])
+        .arg(&src)
+        .status()
+        .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    for d in ["ro/s0", "ro/s1", "ro/s2", "ro/s3", "ro"] {
+        fs::set_permissions(src.join(d), fs::Permissions::from_mode(0o555)).unwrap();
+        set_mtime(&src.join(d), 1_500_000_000, 7);
+    }
+    let out = mpirun(
+        3,
+        "copy",
+        &src,
+        &dst,
+        &["--json", "--chunk-size", "1M", "-j", "2"],
+        true,
+    );
+    ok(&out);
+    assert_same_tree(&src, &dst);
+    assert_no_temporaries(&dst);
+    let s = summary(&out);
+    assert_eq!(s["hardlinks"], 2, "{s}");
+    let ranks = s["ranks"].as_array().unwrap();
+    assert!(
+        ranks
+            .iter()
+            .all(|r| r["bytes_copied"].as_u64().unwrap() >= 4 << 20),
+        "every rank writes chunks of the big file into the read-only directory: {s}"
+    );
+}

@@ -6,10 +6,12 @@
 //! its queue: subdirectories not yet entered (the oldest, with the most
 //! below them), or else batches of a big directory's files. So each
 //! directory is listed by exactly one part, which copies its files,
-//! notes its extras for `--delete` and sets its metadata; a part that
-//! writes into a directory another part listed (the subdirectory it was
-//! lent, a file it was handed) sets that directory's metadata again after
-//! its own writes, so whoever writes last sets it last.
+//! notes its extras for `--delete` and sets its metadata. A directory
+//! that more than one part writes into (the lister, and the part it lent
+//! a subdirectory or files of it to, or handed a file in it) waits: every
+//! part that wrote into it sets its mode and times once every part is
+//! done (`tree::finish_unfinished`), so a part never finds a directory
+//! made read-only under it, and no write comes after the times are set.
 //!
 //! Two kinds of entry go to a part decided by the entry, not by who listed
 //! it: a file with more than one name goes to the part its inode hashes
@@ -26,7 +28,7 @@ use crate::error::{Reason, Side};
 use crate::state::{DirNode, FileBatch, Listing, Shared, Task};
 use std::ffi::CString;
 use std::os::fd::AsFd;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 
 pub use crate::options::{Desk, Item};
@@ -73,6 +75,8 @@ impl Desk for JobDesk {
                 }),
                 other => unreachable!("only directories and batches are lent: {other:?}"),
             }
+            // The taker writes into it: finished at the end of the job.
+            node.shared_out.store(true, Relaxed);
             node.release();
         }
         items
@@ -191,6 +195,7 @@ impl JobDesk {
             owned: sh.writes() && (!rel.is_empty() || sh.owns_root),
             parent: None,
             shared: sh.clone(),
+            shared_out: std::sync::atomic::AtomicBool::new(true),
         });
         sh.ledger.dirs.insert(key, node.clone());
         Ok(node)

@@ -294,6 +294,7 @@ fn run(
         owned: roots.single.is_none() && shared.writes(),
         parent: None,
         shared: shared.clone(),
+        shared_out: std::sync::atomic::AtomicBool::new(false),
     });
     shared.ledger.dirs.insert(key, root);
     let first = match roots.single {
@@ -373,6 +374,10 @@ fn run(
         // The root's first task, which only part 0 ran, is done.
         if !lists_root {
             desk.root.release();
+        }
+        // Every part is done writing: what several wrote into is finished.
+        if !shared.stopped() {
+            crate::tree::finish_unfinished(&shared);
         }
     }
     shared

@@ -237,6 +237,9 @@ pub(crate) struct Ledger {
     /// A waiting name holds its directory until it is linked.
     links: Mutex<Links<(u32, u32, u64), Waiting>>,
     extras: Mutex<Vec<Extras>>,
+    /// Directories other parts of the job wrote into, finished once every
+    /// part is done: (path, SRC's metadata, whether it existed).
+    unfinished: Mutex<Vec<(Vec<u8>, Stat, bool)>>,
     /// Temporaries of earlier runs a part of a split job saw and could not
     /// tell from another part's in use: removed once every part is done.
     leftovers: Mutex<Vec<Extras>>,
@@ -244,6 +247,18 @@ pub(crate) struct Ledger {
 }
 
 impl Ledger {
+    /// A directory other parts wrote into is done here: it is finished
+    /// at the end of the job.
+    pub fn finish_later(&self, node: &DirNode) {
+        let later = (node.rel.clone(), node.stat, node.existed);
+        self.unfinished.lock().expect("unfinished lock").push(later);
+    }
+
+    /// The directories [`Ledger::finish_later`] kept.
+    pub fn take_unfinished(&self) -> Vec<(Vec<u8>, Stat, bool)> {
+        std::mem::take(&mut self.unfinished.lock().expect("unfinished lock"))
+    }
+
     /// Name `name` in `node` of hard-link group `key` is to be copied:
     /// see [`Links::claim`]. A name that waits holds its directory.
     pub fn claim_link(&self, key: (u32, u32, u64), node: &Arc<DirNode>, name: &CStr) -> Claim {
@@ -377,6 +392,10 @@ pub(crate) struct DirNode {
     /// finished (so a parent is always finished after its children).
     pub(crate) parent: Option<Arc<DirNode>>,
     pub(crate) shared: Arc<Shared>,
+    /// Another part of the job writes into it too (see
+    /// [`crate::exchange`]): its mode and times wait for the end of the
+    /// job, when no part writes anywhere.
+    pub(crate) shared_out: AtomicBool,
 }
 
 impl DirNode {

@@ -7,39 +7,61 @@
 //! node leaves the job's table and only then are the directory's mode and
 //! times set and, with `--fsync`, the directory synced: its times come out
 //! right because nothing is written into it afterwards, and a parent is
-//! always finished after its children.
+//! always finished after its children. A directory other processes of
+//! the job write into too waits for the end of the job instead
+//! ([`finish_unfinished`]).
 
 use crate::error::{Reason, Side};
-use crate::state::DirNode;
+use crate::state::{DirNode, Shared};
 use sluice_sys::Stat;
-use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::Ordering::AcqRel;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::Ordering::{AcqRel, Relaxed};
 
-impl DirNode {
-    fn finish(&self) -> Result<(), (&'static str, sluice_sys::Errno)> {
-        let Some(dst) = &self.dst else { return Ok(()) };
-        let dst = dst.as_fd();
-        let opts = &self.shared.opts;
-        let perm = self.shared.mode_for(&self.stat);
-        // A directory that existed is only touched where it differs, so a
-        // re-run over an unchanged tree changes no ctime; with --no-perms
-        // its mode is DST's business.
-        let now = if self.existed {
-            Some(sluice_sys::stat_fd(dst).map_err(|e| ("stat", e))?)
-        } else {
-            None
-        };
-        let keep_mode = now.is_some() && !opts.perms;
-        if !keep_mode && now.is_none_or(|now| now.perm() != perm) {
-            sluice_sys::set_perm(dst, perm).map_err(|e| ("chmod", e))?;
+/// Sets the mode and times of the DST directory `dst` from SRC's `stat`
+/// (and with `--fsync` syncs it), once nothing more is written into it.
+/// One that `existed` is only touched where it differs, so a re-run over
+/// an unchanged tree changes no ctime; with --no-perms its mode is DST's
+/// business.
+fn finish(
+    shared: &Shared,
+    dst: BorrowedFd<'_>,
+    stat: &Stat,
+    existed: bool,
+) -> Result<(), (&'static str, sluice_sys::Errno)> {
+    let opts = &shared.opts;
+    let perm = shared.mode_for(stat);
+    let now = if existed {
+        Some(sluice_sys::stat_fd(dst).map_err(|e| ("stat", e))?)
+    } else {
+        None
+    };
+    let keep_mode = now.is_some() && !opts.perms;
+    if !keep_mode && now.is_none_or(|now| now.perm() != perm) {
+        sluice_sys::set_perm(dst, perm).map_err(|e| ("chmod", e))?;
+    }
+    if now.is_none_or(|now| crate::compare::dir_times_differ(stat, &now)) {
+        sluice_sys::set_times(dst, stat).map_err(|e| ("set times", e))?;
+    }
+    if opts.fsync {
+        sluice_sys::sync(dst).map_err(|e| ("fsync", e))?;
+    }
+    Ok(())
+}
+
+/// Finishes the directories other parts of the job wrote into (see
+/// [`crate::exchange`]), once every part is done: each is opened again
+/// beneath DST's root.
+pub(crate) fn finish_unfinished(shared: &Shared) {
+    let Some(root) = &shared.dst_root_fd else {
+        return;
+    };
+    for (rel, stat, existed) in shared.ledger.take_unfinished() {
+        let done = crate::target::open_beneath(root.as_fd(), &rel)
+            .map_err(|e| ("open directory", e))
+            .and_then(|dst| finish(shared, dst.as_fd(), &stat, existed));
+        if let Err((op, e)) = done {
+            shared.fail(shared.error(Side::Dst, &rel, op, Reason::Os(e)));
         }
-        if now.is_none_or(|now| crate::compare::dir_times_differ(&self.stat, &now)) {
-            sluice_sys::set_times(dst, &self.stat).map_err(|e| ("set times", e))?;
-        }
-        if opts.fsync {
-            sluice_sys::sync(dst).map_err(|e| ("fsync", e))?;
-        }
-        Ok(())
     }
 }
 
@@ -57,8 +79,12 @@ impl DirNode {
             let shared = &node.shared;
             shared.ledger.dirs.remove(node.key);
             if node.owned && !shared.stopped() {
-                if let Err((op, e)) = node.finish() {
-                    shared.fail(node.self_error(Side::Dst, op, Reason::Os(e)));
+                if node.shared_out.load(Relaxed) {
+                    shared.ledger.finish_later(node);
+                } else if let Some(dst) = &node.dst {
+                    if let Err((op, e)) = finish(shared, dst.as_fd(), &node.stat, node.existed) {
+                        shared.fail(node.self_error(Side::Dst, op, Reason::Os(e)));
+                    }
                 }
             }
             match &node.parent {

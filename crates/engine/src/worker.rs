@@ -275,6 +275,7 @@ impl Worker {
             owned: self.shared.writes(),
             parent: Some(parent.clone()),
             shared: self.shared.clone(),
+            shared_out: std::sync::atomic::AtomicBool::new(false),
         });
         self.shared.ledger.dirs.insert(key, node.clone());
         if descend {
@@ -492,6 +493,8 @@ fn keep_or_hand_over(
         _ => return true,
     };
     for &to in owners.iter().filter(|&&p| p != part.index) {
+        // The owner writes into it: finished at the end of the job.
+        node.shared_out.store(true, Relaxed);
         let entries = vec![(name.to_bytes().to_vec(), *st)];
         group.send(
             to,
