@@ -27,8 +27,7 @@ def write_file(path, size, salt):
             off = 0
 
 
-def dense(root, files):
-    per_leaf = 1000
+def dense(root, files, per_leaf=1000):
     leaves = max(1, files // per_leaf)
     n = 0
     for i in range(leaves):
@@ -72,9 +71,10 @@ def main():
     p.add_argument("dir")
     p.add_argument("--files", type=int)
     p.add_argument("--size", type=int)
+    p.add_argument("--per-dir", type=int, default=1000, help="dense: files per directory")
     a = p.parse_args()
     if a.shape == "dense":
-        dense(a.dir, a.files or 200_000)
+        dense(a.dir, a.files or 200_000, a.per_dir)
     elif a.shape == "mixed":
         mixed(a.dir, a.files or 30_000)
     elif a.shape == "huge":

@@ -67,10 +67,11 @@ def overhead(scratch, data, shapes, repeat):
     return rows
 
 
-def latency(scratch, data, files, ranks, repeat):
+def latency(scratch, data, files, per_dir, ranks, repeat):
     if not os.path.exists(LATENCYFS):
         bench.sh("cargo build --release -p sluice-latencyfs")
-    src = bench.dataset(os.path.join(data, f"ranks-latency-{files}"), "dense", f"--files {files}")
+    name = f"ranks-latency-{files}" + (f"-{per_dir}" if per_dir != 1000 else "")
+    src = bench.dataset(os.path.join(data, name), "dense", f"--files {files} --per-dir {per_dir}")
     scratch.fresh()
     os.makedirs(SHARE, exist_ok=True)
     # The latency is on the source side: latencyfs over a copy of the set
@@ -96,7 +97,7 @@ def latency(scratch, data, files, ranks, repeat):
     finally:
         bench.sh(f"umount {SHARE}", check=False)
         proc.wait(timeout=30)
-    return {"files": files, "runs": runs}
+    return {"files": files, "per_dir": per_dir, "runs": runs}
 
 
 def median(xs):
@@ -113,6 +114,8 @@ def main():
     p.add_argument("--data", default="/work/bench-data")
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--latency-files", type=int, default=4000)
+    p.add_argument("--latency-per-dir", type=int, default=1000,
+                   help="files per directory of the latency set (a directory is listed by one rank)")
     p.add_argument("--skip-latency", action="store_true")
     p.add_argument("--full", action="store_true", help="the full-size sets of bench.py (dense 200k, mixed 30k)")
     a = p.parse_args()
@@ -126,7 +129,8 @@ def main():
     try:
         res = {"overhead": overhead(scratch, a.data, shapes, a.repeat)}
         if not a.skip_latency:
-            res["latency"] = latency(scratch, a.data, a.latency_files, [1, 2, 4, 8], a.repeat)
+            res["latency"] = latency(scratch, a.data, a.latency_files, a.latency_per_dir,
+                                     [1, 2, 4, 8], a.repeat)
     finally:
         scratch.close()
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M%S")
@@ -147,7 +151,8 @@ def main():
         lt = res["latency"]
         runs = {k: median(v) for k, v in lt["runs"].items()}
         base = runs.get("1")
-        L += [f"## source on latencyfs (1 ms per request): {lt['files']} files of 1 KiB, -j 2 per rank", "",
+        L += [f"## source on latencyfs (1 ms per request): {lt['files']} files of 1 KiB, "
+              f"{lt['per_dir']} a directory, -j 2 per rank", "",
               "| ranks | seconds | speed-up over 1 rank |", "|---:|---:|---:|"]
         for k, v in runs.items():
             L.append(f"| {k} | {v} | {base / v:.2f} |" if v and base else f"| {k} | failed | - |")

@@ -9,6 +9,7 @@ use crate::size::human_bytes;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use sluice_engine::gauge::Busy;
+use sluice_engine::options::Progress;
 use sluice_engine::source::Wire;
 
 use sluice_engine::shard::Shard;
@@ -264,14 +265,21 @@ pub fn run_job(
     };
     let start = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
+    if let Some(r) = &ranks {
+        r.watch(stats.clone());
+    }
     let ticker = ((args.show.bar() || args.show.json) && speaks).then(|| {
         let stats = stats.clone();
+        let ranks = ranks.clone();
         let draw = Draw {
             bar: args.show.bar(),
             json: args.show.json,
         };
         progress(&printer, draw, done.clone(), cancel.clone(), move || {
-            copy_tick(&stats, start.elapsed())
+            // Rank 0 shows the job's progress: every rank's counters.
+            let mine = stats.progress();
+            let job = ranks.as_ref().map_or(mine, |r| mine.add(&r.elsewhere()));
+            copy_tick(job, start.elapsed())
         })
     });
     // Several sources run one after another into the same counters, so
@@ -636,23 +644,23 @@ pub fn rate(n: f64, elapsed: Duration) -> f64 {
 
 /// Progress of a copy, sync or verify. Bytes count as they are written
 /// (a big file's count as copied only once committed), or as compared.
-fn copy_tick(stats: &Stats, elapsed: Duration) -> Tick {
-    let done = stats.entries_done();
-    let found = stats.entries_found.load(Relaxed);
-    let bytes = stats
-        .bytes_copied
-        .load(Relaxed)
-        .max(stats.data_moved.load(Relaxed));
-    let bytes_found = stats.bytes_found.load(Relaxed);
+fn copy_tick(p: Progress, elapsed: Duration) -> Tick {
+    let Progress {
+        done,
+        found,
+        bytes,
+        bytes_found,
+        ..
+    } = p;
     let speed = rate(bytes as f64, elapsed);
-    let walked = stats.walk_done();
+    let walked = p.walk_done();
     let line = if walked {
         format!(
             "{done}/{found} entries  {}/{}  {}/s  {} files/s{}",
             human_bytes(bytes as f64),
             human_bytes(bytes_found as f64),
             human_bytes(speed),
-            per_s(stats.files_copied.load(Relaxed) as f64, elapsed),
+            per_s(p.files as f64, elapsed),
             eta(bytes_found.saturating_sub(bytes) as f64, speed)
         )
     } else {

@@ -9,7 +9,8 @@
 //! `--json`) and every rank exits with the worst code of any.
 
 use sluice_engine::exchange::{Desk, Item};
-use sluice_engine::options::Group;
+use sluice_engine::options::{Group, Progress};
+use sluice_engine::Stats;
 use sluice_engine::Summary;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::mpsc::{channel, sync_channel, Sender, SyncSender};
@@ -33,6 +34,8 @@ enum Ask {
     Open(Arc<dyn Desk>),
     /// Hand these items to that rank.
     Send(u32, Vec<Item>),
+    /// This rank's counters, whose progress the others are told of.
+    Watch(Arc<Stats>),
     /// Whether every rank is clean (this one's answer given).
     AllClean(bool, SyncSender<bool>),
     /// Every rank's figures, in rank order (this one's given).
@@ -50,6 +53,8 @@ pub struct Ranks {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// Another rank asked this one for work and got none.
     hungry: Arc<AtomicBool>,
+    /// Rank 0: the other ranks' progress as they last told it.
+    others: Arc<Mutex<Vec<Progress>>>,
 }
 
 impl Ranks {
@@ -59,10 +64,14 @@ impl Ranks {
         let (tx, rx) = channel::<Ask>();
         let (placed, place) = sync_channel(1);
         let hungry = Arc::new(AtomicBool::new(false));
-        let starved = hungry.clone();
+        let others = Arc::new(Mutex::new(Vec::new()));
+        let heard = Heard {
+            hungry: hungry.clone(),
+            others: others.clone(),
+        };
         let thread = std::thread::Builder::new()
             .name("mpi".into())
-            .spawn(move || talk(rx, placed, starved))
+            .spawn(move || talk(rx, placed, heard))
             .map_err(|e| format!("cannot start the MPI thread: {e}"))?;
         let (rank, size) = place.recv().map_err(|_| {
             if cfg!(feature = "mpi") {
@@ -79,6 +88,7 @@ impl Ranks {
             asks: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
             hungry,
+            others,
         }))
     }
 
@@ -94,6 +104,18 @@ impl Ranks {
         let asks = asks.as_ref().expect("asked after the ranks were left");
         asks.send(make(tx)).expect("the MPI thread is gone");
         rx.recv().expect("the MPI thread is gone")
+    }
+
+    /// Tells the other ranks, while a job is shared out, how this one's
+    /// counters move (rank 0 shows the job's progress).
+    pub fn watch(&self, stats: Arc<Stats>) {
+        self.tell(Ask::Watch(stats));
+    }
+
+    /// The progress of the other ranks, as they last told it (rank 0).
+    pub fn elsewhere(&self) -> Progress {
+        let others = self.others.lock().expect("others lock");
+        others.iter().fold(Progress::default(), |sum, p| sum.add(p))
     }
 
     /// Every rank's summary, in rank order, for this one's.
@@ -129,6 +151,12 @@ impl Group for Ranks {
         self.ask(|tx| Ask::AllClean(clean, tx))
     }
 
+    fn delete_budget(&self, mine: u64, max: u64) -> u64 {
+        let all = self.ask(|tx| Ask::Share(vec![mine as f64], tx));
+        let before: u64 = all[..self.rank as usize].iter().map(|v| v[0] as u64).sum();
+        budget(mine, max, before)
+    }
+
     fn shares_work(&self) -> bool {
         true
     }
@@ -146,19 +174,59 @@ impl Group for Ranks {
     }
 }
 
+/// What a rank that would delete `mine` may delete of the job's `max`,
+/// the ranks before it needing `before`.
+fn budget(mine: u64, max: u64, before: u64) -> u64 {
+    mine.min(max.saturating_sub(before))
+}
+
+/// What the talking thread learns from the other ranks, for the rest of
+/// this process.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+#[derive(Clone)]
+struct Heard {
+    /// Another rank asked this one for work and got none.
+    hungry: Arc<AtomicBool>,
+    /// Rank 0: each rank's last progress (this one's left empty).
+    others: Arc<Mutex<Vec<Progress>>>,
+}
+
 /// Without MPI built in, there is no one to talk to.
 #[cfg(not(feature = "mpi"))]
-fn talk(_: std::sync::mpsc::Receiver<Ask>, _: SyncSender<(u32, u32)>, _: Arc<AtomicBool>) {}
+fn talk(_: std::sync::mpsc::Receiver<Ask>, _: SyncSender<(u32, u32)>, _: Heard) {}
+
+/// A progress report as words, and back.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+fn progress_words(p: &Progress) -> [u64; 7] {
+    [
+        p.done,
+        p.found,
+        p.bytes,
+        p.bytes_found,
+        p.files,
+        p.listings_pending,
+        u64::from(p.walk_started),
+    ]
+}
+
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+fn progress_from(w: [u64; 7]) -> Progress {
+    Progress {
+        done: w[0],
+        found: w[1],
+        bytes: w[2],
+        bytes_found: w[3],
+        files: w[4],
+        listings_pending: w[5],
+        walk_started: w[6] != 0,
+    }
+}
 
 /// The talking thread: starts MPI, says where this process is, answers
 /// asks with collective operations, shares out a job's work while it
 /// runs (see [`Market`]), and finishes MPI when the asks end.
 #[cfg(feature = "mpi")]
-fn talk(
-    asks: std::sync::mpsc::Receiver<Ask>,
-    placed: SyncSender<(u32, u32)>,
-    hungry: Arc<AtomicBool>,
-) {
+fn talk(asks: std::sync::mpsc::Receiver<Ask>, placed: SyncSender<(u32, u32)>, heard: Heard) {
     use mpi::traits::*;
     let Some((universe, _)) = mpi::initialize_with_threading(mpi::Threading::Funneled) else {
         return;
@@ -167,7 +235,7 @@ fn talk(
     let _ = placed.send((world.rank() as u32, world.size() as u32));
     // A rank whose talking thread failed would leave every rank waiting.
     let talked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        serve_asks(&world, &asks, &hungry)
+        serve_asks(&world, &asks, &heard)
     }));
     if talked.is_err() {
         world.abort(2);
@@ -179,7 +247,7 @@ fn talk(
 fn serve_asks(
     world: &mpi::topology::SimpleCommunicator,
     asks: &std::sync::mpsc::Receiver<Ask>,
-    hungry: &Arc<AtomicBool>,
+    heard: &Heard,
 ) {
     use mpi::collective::SystemOperation;
     use mpi::traits::*;
@@ -187,6 +255,8 @@ fn serve_asks(
     let size = world.size() as usize;
     let mut market: Option<Market> = None;
     let mut session = 0u8;
+    let mut stats = None;
+    *heard.others.lock().expect("others lock") = vec![Progress::default(); size];
     loop {
         // While a job is shared out, the thread also polls the other ranks.
         let (idle, ask) = match &market {
@@ -194,7 +264,10 @@ fn serve_asks(
                 // Idle is read before the asks are: whatever a stream handed
                 // over before its task ended is in the channel by then.
                 let idle = m.desk.idle();
-                match asks.recv_timeout(Duration::from_micros(200)) {
+                // A busy rank answers requests for work within a
+                // millisecond; an idle one looks at once for what it asked.
+                let wait = Duration::from_micros(if idle { 200 } else { 1000 });
+                match asks.recv_timeout(wait) {
                     Ok(a) => (false, Some(a)),
                     Err(RecvTimeoutError::Timeout) => (idle, None),
                     Err(RecvTimeoutError::Disconnected) => break,
@@ -209,12 +282,13 @@ fn serve_asks(
             None => {}
             Some(Ask::Open(desk)) => {
                 session = session.wrapping_add(1);
-                market = Some(Market::new(world, desk, session, hungry.clone()));
+                market = Some(Market::new(world, desk, session, heard.clone()));
             }
             Some(Ask::Send(to, items)) => match &mut market {
                 Some(m) => m.hand_over(world, to, items),
                 None => unreachable!("items handed over while no job is shared out"),
             },
+            Some(Ask::Watch(s)) => stats = Some(s),
             Some(Ask::AllClean(clean, tx)) => {
                 let mine = i32::from(clean);
                 let mut all = 0i32;
@@ -229,6 +303,9 @@ fn serve_asks(
             Some(Ask::Abort(code)) => world.abort(code),
         }
         if let Some(m) = &mut market {
+            if let Some(s) = &stats {
+                m.tell_progress(world, s);
+            }
             if m.pump(world, idle) {
                 m.desk.close();
                 market = None;
@@ -250,6 +327,8 @@ mod tag {
     pub const TOKEN: i32 = 4;
     /// Every rank is idle and nothing is in flight: the job's streams end.
     pub const DONE: i32 = 5;
+    /// A rank's progress, for rank 0's progress line.
+    pub const PROGRESS: i32 = 6;
 }
 
 /// One job shared out between the ranks as it goes: idle ranks ask a
@@ -287,7 +366,9 @@ struct Market {
     /// Items to hand over, per rank, sent when the asks are drained.
     outbox: Vec<Vec<Item>>,
     rng: u64,
-    hungry: Arc<AtomicBool>,
+    heard: Heard,
+    /// When this rank last told rank 0 its progress.
+    told: std::time::Instant,
 }
 
 #[cfg(feature = "mpi")]
@@ -296,7 +377,7 @@ impl Market {
         world: &mpi::topology::SimpleCommunicator,
         desk: Arc<dyn Desk>,
         session: u8,
-        hungry: Arc<AtomicBool>,
+        heard: Heard,
     ) -> Market {
         use mpi::traits::*;
         let (rank, size) = (world.rank(), world.size());
@@ -314,7 +395,8 @@ impl Market {
             inbox: Default::default(),
             outbox: vec![Vec::new(); size as usize],
             rng: 0x9e37_79b9_7f4a_7c15 ^ (rank as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9),
-            hungry,
+            heard,
+            told: std::time::Instant::now(),
         }
     }
 
@@ -399,7 +481,7 @@ impl Market {
             match tag {
                 tag::ASK => {
                     let lent = self.desk.lend();
-                    self.hungry.store(lent.is_empty(), Relaxed);
+                    self.heard.hungry.store(lent.is_empty(), Relaxed);
                     if !lent.is_empty() {
                         self.count += 1;
                     }
@@ -428,6 +510,16 @@ impl Market {
                     self.token = Some((q, data[9] != 0));
                 }
                 tag::DONE => done = true,
+                tag::PROGRESS if data.len() == 1 + 7 * 8 => {
+                    let mut w = [0u64; 7];
+                    for (i, word) in data[1..].chunks(8).enumerate() {
+                        w[i] = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+                    }
+                    let mut others = self.heard.others.lock().expect("others lock");
+                    if let Some(p) = others.get_mut(from as usize) {
+                        *p = progress_from(w);
+                    }
+                }
                 _ => {}
             }
         }
@@ -468,6 +560,19 @@ impl Market {
             self.pass_token(world, next, q + self.count, black);
         }
         false
+    }
+
+    /// A rank other than 0 tells rank 0 its progress, four times a second.
+    fn tell_progress(&mut self, world: &mpi::topology::SimpleCommunicator, stats: &Stats) {
+        if self.rank == 0 || self.told.elapsed() < Duration::from_millis(250) {
+            return;
+        }
+        self.told = std::time::Instant::now();
+        let mut buf = vec![self.session];
+        for w in progress_words(&stats.progress()) {
+            buf.extend(w.to_le_bytes());
+        }
+        self.post_raw(world, 0, tag::PROGRESS, &buf);
     }
 
     fn pass_token(
@@ -615,6 +720,15 @@ pub fn reduce(all: &[(Summary, u8)]) -> (Summary, u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_delete_budget_goes_to_the_ranks_in_turn() {
+        // max 10; ranks would delete 4, 5, 3: they may delete 4, 5, 1.
+        assert_eq!(budget(4, 10, 0), 4);
+        assert_eq!(budget(5, 10, 4), 5);
+        assert_eq!(budget(3, 10, 9), 1);
+        assert_eq!(budget(3, 10, 12), 0);
+    }
 
     #[test]
     fn a_summary_survives_sharing_and_ranks_add_up() {

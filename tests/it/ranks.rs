@@ -186,6 +186,62 @@ fn ranks_delete_what_src_lacks_once() {
     assert_same_tree(&src, &dst);
 }
 
+/// `--max-delete` is the job's, not each rank's: the ranks, whichever
+/// listed the directories that hold the extras, delete that many in all.
+#[test]
+fn max_delete_counts_over_every_rank() {
+    if !have_mpirun() {
+        return;
+    }
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: the latency file system needs /dev/fuse");
+        return;
+    }
+    let t = disk_dir("ranks-max-delete");
+    let (back, src, dst) = (
+        t.path().join("back"),
+        t.path().join("src"),
+        t.path().join("dst"),
+    );
+    // Many directories, behind 1 ms a request, so that every rank lists
+    // some of them before the walk is over.
+    for d in 0..40 {
+        for f in 0..20 {
+            write(&back.join(format!("d{d}/f{f}")), b"data");
+        }
+    }
+    fs::create_dir(&src).unwrap();
+    let _share = sluice_latencyfs::LatencyFs::new(&back, std::time::Duration::from_millis(1))
+        .unwrap()
+        .mount(&src, 64)
+        .expect("mount the latency file system");
+    ok(&copy(&src, &dst, &[]));
+    let extra = |i: usize| dst.join(format!("d{}/extra{i}", i % 40));
+    for i in 0..80 {
+        write(&extra(i), b"x");
+    }
+    let out = mpirun(
+        3,
+        "sync",
+        &src,
+        &dst,
+        &["--delete", "--max-delete", "10", "--json"],
+        false,
+    );
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let s = summary(&out);
+    assert_eq!(s["deleted"], 10, "{s}");
+    let left = (0..80).filter(|&i| extra(i).exists()).count();
+    assert_eq!(left, 70, "{s}");
+    let listing = s["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["entries"].as_u64().unwrap() > 0)
+        .count();
+    assert!(listing >= 2, "one rank found every extra: {s}");
+}
+
 /// A file only one rank reads fails there; no rank deletes anything,
 /// though the others walked without error.
 #[test]

@@ -67,6 +67,16 @@ pub(crate) fn run(shared: &Shared, all_clean: bool) {
         shared.stats.errors.fetch_add(1, Relaxed);
         return;
     }
+    // Across a group, --max-delete is the job's: each member may delete
+    // its share of it, handed out in rank order by what each would delete
+    // (every member asks, all being clean: the others wait for its count).
+    let limit = match (shared.opts.max_delete, &shared.opts.group) {
+        (Some(max), Some(group)) if all_clean => {
+            let mine = Deleter::new(shared, true).count(&extras);
+            Some(shared.stats.deleted.load(Relaxed) + group.delete_budget(mine, max))
+        }
+        (max, _) => max,
+    };
     if extras.is_empty() {
         return;
     }
@@ -101,11 +111,8 @@ pub(crate) fn run(shared: &Shared, all_clean: bool) {
         ));
         return;
     }
-    let mut stream = DirStream::default();
-    let mut deleter = Deleter {
-        shared,
-        stream: &mut stream,
-    };
+    let mut deleter = Deleter::new(shared, false);
+    deleter.limit = limit;
     for group in extras {
         if shared.stopped() {
             return;
@@ -203,14 +210,51 @@ pub(crate) fn leftovers(shared: &Shared) {
 
 struct Deleter<'a> {
     shared: &'a Shared,
-    stream: &'a mut DirStream,
+    stream: DirStream,
+    /// Stop before `deleted` passes this (`--max-delete`, or this member's
+    /// share of it).
+    limit: Option<u64>,
+    /// Only count what would go: nothing is removed or reported.
+    counting: bool,
+    counted: u64,
 }
 
-impl Deleter<'_> {
+impl<'a> Deleter<'a> {
+    fn new(shared: &'a Shared, counting: bool) -> Deleter<'a> {
+        Deleter {
+            shared,
+            stream: DirStream::default(),
+            limit: None,
+            counting,
+            counted: 0,
+        }
+    }
+
+    /// How many entries removing `extras` would remove (none of a mount
+    /// point's, which is kept).
+    fn count(mut self, extras: &[crate::state::Extras]) -> u64 {
+        let Some(root) = self.shared.dst_root_fd.as_ref() else {
+            return 0;
+        };
+        for group in extras {
+            let Ok(dir) = crate::target::open_beneath(root.as_fd(), &group.dir) else {
+                continue;
+            };
+            let Ok(st) = sluice_sys::stat_fd(dir.as_fd()) else {
+                continue;
+            };
+            for (name, is_dir) in &group.names {
+                let rel = join(&group.dir, name.to_bytes());
+                let _ = self.remove(dir.as_fd(), st.dev, name, *is_dir, &rel);
+            }
+        }
+        self.counted
+    }
+
     /// Takes one deletion from the `--max-delete` budget.
     fn take_one(&self) -> Result<(), Stop> {
         let done = self.shared.stats.deleted.load(Relaxed);
-        match self.shared.opts.max_delete {
+        match self.limit {
             Some(max) if done >= max => Err(Stop::Limit),
             _ => Ok(()),
         }
@@ -241,6 +285,9 @@ impl Deleter<'_> {
                 Err(e) => return Err(self.fail(rel, "open directory", e)),
             };
             if crate::target::is_mount_point(fd.as_fd(), dev) {
+                if self.counting {
+                    return Ok(false);
+                }
                 self.shared.fail(
                     self.shared.error(
                         Side::Dst,
@@ -257,6 +304,10 @@ impl Deleter<'_> {
             if !self.empty(fd, dev, rel)? {
                 return Ok(false);
             }
+        }
+        if self.counting {
+            self.counted += 1;
+            return Ok(true);
         }
         self.take_one()?;
         let res = if !self.shared.deletes_for_real {

@@ -31,6 +31,13 @@ pub trait Group: Send + Sync {
     /// `clean` being this member's: `--delete` removes nothing otherwise.
     fn all_clean(&self, clean: bool) -> bool;
 
+    /// How many of the `mine` deletions this member would make it may
+    /// make, of the job's `max` (`--max-delete`): the budget goes to the
+    /// members in turn, each taking what it needs of what is left.
+    fn delete_budget(&self, mine: u64, max: u64) -> u64 {
+        mine.min(max)
+    }
+
     /// Whether the members share the job out as it goes (see
     /// [`crate::exchange`]) rather than each walking all of it and taking
     /// its part (`--shard`).
@@ -342,6 +349,41 @@ pub struct Stats {
     pub walk_started: AtomicBool,
 }
 
+/// What a progress line shows: one process's counters, or a job's summed
+/// over the processes that share it (MPI ranks).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Entries finished, copied or not ([`Stats::entries_done`]).
+    pub done: u64,
+    pub found: u64,
+    /// Bytes written (or moved across a wire, whichever is more).
+    pub bytes: u64,
+    pub bytes_found: u64,
+    pub files: u64,
+    pub listings_pending: u64,
+    pub walk_started: bool,
+}
+
+impl Progress {
+    /// Whether the walk is over (see [`Stats::walk_done`]).
+    pub fn walk_done(&self) -> bool {
+        self.walk_started && self.listings_pending == 0
+    }
+
+    /// This and `other` together.
+    pub fn add(&self, other: &Progress) -> Progress {
+        Progress {
+            done: self.done + other.done,
+            found: self.found + other.found,
+            bytes: self.bytes + other.bytes,
+            bytes_found: self.bytes_found + other.bytes_found,
+            files: self.files + other.files,
+            listings_pending: self.listings_pending + other.listings_pending,
+            walk_started: self.walk_started || other.walk_started,
+        }
+    }
+}
+
 impl Stats {
     /// Whether the walk is over: every directory listed, so
     /// `entries_found` and `bytes_found` are the job's totals.
@@ -360,6 +402,19 @@ impl Stats {
             + self.unchanged.load(Relaxed)
             + self.differences.load(Relaxed)
             + self.errors.load(Relaxed)
+    }
+
+    /// What a progress line shows, now.
+    pub fn progress(&self) -> Progress {
+        Progress {
+            done: self.entries_done(),
+            found: self.entries_found.load(Relaxed),
+            bytes: (self.bytes_copied.load(Relaxed)).max(self.data_moved.load(Relaxed)),
+            bytes_found: self.bytes_found.load(Relaxed),
+            files: self.files_copied.load(Relaxed),
+            listings_pending: self.listings_pending.load(Relaxed),
+            walk_started: self.walk_started.load(Relaxed),
+        }
     }
 
     /// A consistent-enough snapshot for the final report.
