@@ -300,8 +300,8 @@ fn a_rank_killed_mid_copy_fails_the_job_and_a_rerun_with_other_ranks_finishes() 
     let t = disk_dir("ranks-kill");
     let (src, dst) = (t.path().join("src"), t.path().join("dst"));
     tree(&src);
-    // Every rank runs under strace; each kills itself at its 10th chunk
-    // write, so the job dies with chunks of the big file written.
+    // Every rank runs under strace; each kills itself at its 30th write
+    // at an offset, so the job dies with chunks of the big file written.
     let out = Command::new("mpirun")
         .args([
             "--allow-run-as-root",
@@ -317,7 +317,7 @@ fn a_rank_killed_mid_copy_fails_the_job_and_a_rerun_with_other_ranks_finishes() 
             "-e",
             "trace=pwrite64",
             "-e",
-            "inject=pwrite64:signal=KILL:when=10",
+            "inject=pwrite64:signal=KILL:when=30",
         ])
         .arg(env!("CARGO_BIN_EXE_sluice"))
         .args(["copy", "--no-progress", "--chunk-size", "1M", "-j", "2"])
@@ -340,11 +340,20 @@ fn a_rank_killed_mid_copy_fails_the_job_and_a_rerun_with_other_ranks_finishes() 
         "copy",
         &src,
         &dst,
-        &["--chunk-size", "1M", "-j", "2"],
+        &["--json", "--chunk-size", "1M", "-j", "2"],
         false,
     );
     ok(&rerun);
     assert_same_tree(&src, &dst);
+    // Split into 3, the rerun takes over the chunks the 2 killed ranks
+    // had recorded in their journals or marked done: it copies less than
+    // the whole tree by a few of them.
+    let total: u64 = walkdir_bytes(&src);
+    let copied = summary(&rerun)["bytes_copied"].as_u64().unwrap();
+    assert!(
+        copied + (2 << 20) <= total,
+        "the rerun copied {copied} of {total} bytes: the killed ranks' chunks were copied again"
+    );
     // What the killed job left (its parts' journals, temporaries and
     // markers of a split into 2) went with the rerun's clean end.
     assert_no_temporaries(&dst);
@@ -405,4 +414,19 @@ fn read_only_directories_written_by_several_ranks_come_out_exact() {
             .all(|r| r["bytes_copied"].as_u64().unwrap() >= 4 << 20),
         "every rank writes chunks of the big file into the read-only directory: {s}"
     );
+}
+
+/// The bytes of the regular files under `dir`.
+fn walkdir_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    for e in fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let t = e.file_type().unwrap();
+        if t.is_dir() {
+            total += walkdir_bytes(&e.path());
+        } else if t.is_file() {
+            total += e.metadata().unwrap().len();
+        }
+    }
+    total
 }

@@ -950,8 +950,25 @@ impl Worker {
                 Vec::new()
             } else {
                 let shard = self.shared.opts.shard.expect("a part");
-                let mut mine = shard.chunks(Shard::path_hash(b"", &rel), chunks);
+                let path = Shard::path_hash(b"", &rel);
+                let mut mine = shard.chunks(path, chunks);
                 mine.retain(|&i| !rec.is_done(i));
+                if !opened.created {
+                    // What parts of earlier runs split another way left in
+                    // this very temporary: a marker says all of a part's
+                    // chunks are in, a journal record which of them are.
+                    for (earlier, records) in &self.shared.earlier {
+                        if part.marked_in(node.dst(), opened.ino, *earlier) {
+                            mine.retain(|&i| !earlier.owns_chunk(path, i));
+                        } else if let Some(r) = records.get(&rel).filter(|r| {
+                            r.matches(st, chunk_size)
+                                && r.temp == tmp_bytes
+                                && r.temp_ino == opened.ino
+                        }) {
+                            mine.retain(|&i| !r.is_done(i));
+                        }
+                    }
+                }
                 mine
             };
             let parts = Some((part, opened.ino));

@@ -404,7 +404,57 @@ impl Journal {
     }
 }
 
-type Resumable = HashMap<Vec<u8>, Record>;
+pub(crate) type Resumable = HashMap<Vec<u8>, Record>;
+
+/// The records of the journals that earlier runs of this job split into
+/// other than `count` parts left in `dir`, each with the part that kept
+/// it: what they say landed in a shared temporary is there whatever the
+/// split now (see `parts`). Read only; they go at the end of a clean run.
+/// A journal another process holds open is waited for a moment, then
+/// passed over (its chunks are copied again).
+pub(crate) fn earlier_splits(
+    dir: &OwnedFd,
+    single: Option<&[u8]>,
+    count: u32,
+) -> Vec<(crate::shard::Shard, Resumable)> {
+    let prefix = file_name(single, None);
+    let prefix = prefix.trim_end_matches(".redb").as_bytes().to_vec();
+    let Ok(fd) = crate::target::open_beneath(dir.as_fd(), b"") else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    let _ = sluice_walk::DirStream::default().for_each(fd.as_fd(), |e| {
+        let name = e.name.to_bytes();
+        if let Some(part) = split_of(name, &prefix).filter(|p| p.count != count) {
+            found.push((part, e.name.to_owned()));
+        }
+        true
+    });
+    let mut earlier = Vec::new();
+    for (part, name) in found {
+        for _ in 0..20 {
+            match read(&fd, &name) {
+                Ok((records, _db)) => {
+                    earlier.push((part, records));
+                    break;
+                }
+                // Another part of this run reading it at the same moment.
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(25)),
+            }
+        }
+    }
+    earlier
+}
+
+/// The part whose journal `name` is, if it is one of a split job with the
+/// journal names starting `prefix` (`<prefix>-part-I-of-N.redb`).
+fn split_of(name: &[u8], prefix: &[u8]) -> Option<crate::shard::Shard> {
+    let rest = name.strip_prefix(prefix)?.strip_prefix(b"-part-")?;
+    let rest = std::str::from_utf8(rest.strip_suffix(b".redb")?).ok()?;
+    let (index, count) = rest.split_once("-of-")?;
+    let (index, count) = (index.parse().ok()?, count.parse().ok()?);
+    (index < count).then_some(crate::shard::Shard { index, count })
+}
 
 /// Opens the journal file `name` in `dir` (never through a symlink; only a
 /// regular file) as a database: `Ok(None)` if it does not exist and
@@ -532,6 +582,24 @@ mod tests {
             let bytes = rec.encode();
             prop_assert_eq!(Record::decode(&bytes[..cut.min(bytes.len() - 1)]), None);
         }
+    }
+
+    #[test]
+    fn a_split_journal_name_says_whose_it_is() {
+        use crate::shard::Shard;
+        let tree = file_name(None, None);
+        let prefix = tree.trim_end_matches(".redb").as_bytes();
+        for (index, count) in [(0, 1), (2, 3), (11, 64)] {
+            let name = file_name(None, Some(&Shard { index, count }));
+            assert_eq!(
+                split_of(name.as_bytes(), prefix),
+                Some(Shard { index, count })
+            );
+        }
+        assert_eq!(split_of(tree.as_bytes(), prefix), None);
+        let single = file_name(Some(b"x"), Some(&Shard { index: 0, count: 2 }));
+        assert_eq!(split_of(single.as_bytes(), prefix), None, "another job's");
+        assert_eq!(split_of(b".sluice-journal-part-3-of-2.redb", prefix), None);
     }
 
     #[test]

@@ -57,8 +57,12 @@ impl PartFile {
     }
 
     fn marker(&self, part: u32, temp_ino: u64) -> CString {
+        self.marker_of(self.shard.marker_field(part), temp_ino)
+    }
+
+    fn marker_of(&self, field: u64, temp_ino: u64) -> CString {
         let seq = self.seq ^ temp_ino.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        self.name(self.shard.marker_field(part), seq)
+        self.name(field, seq)
     }
 
     /// Opens the shared temporary in `dir`, creating it (with `mode`) if no
@@ -91,6 +95,14 @@ impl PartFile {
     /// chunks are in, from an earlier run.
     pub fn marked(&self, dir: BorrowedFd<'_>, temp_ino: u64) -> bool {
         sluice_sys::stat_at(dir, &self.marker(self.shard.index, temp_ino)).is_ok()
+    }
+
+    /// Whether part `earlier` of an earlier run split another way left its
+    /// marker beside the temporary `temp_ino`: the chunks that split gave
+    /// it are in.
+    pub fn marked_in(&self, dir: BorrowedFd<'_>, temp_ino: u64, earlier: Shard) -> bool {
+        let name = self.marker_of(earlier.marker_field(earlier.index), temp_ino);
+        sluice_sys::stat_at(dir, &name).is_ok()
     }
 
     /// Leaves this part's marker (its chunks are written and synced) and

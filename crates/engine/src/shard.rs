@@ -161,6 +161,11 @@ impl Shard {
         ((Self::start(path, n) + i % n) % n) as u32
     }
 
+    /// Whether chunk `i` of the big file at `path` is this part's.
+    pub fn owns_chunk(&self, path: u64, i: u64) -> bool {
+        self.chunk_owner(path, i) == self.index
+    }
+
     /// This part's chunks of a big file of `chunks` chunks.
     pub fn chunks(&self, path: u64, chunks: u64) -> Vec<u64> {
         (0..chunks)

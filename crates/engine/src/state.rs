@@ -65,6 +65,9 @@ pub(crate) struct Shared {
     pub(crate) tmp_seq: AtomicU64,
     /// Resume state of big files; `None` in a dry run.
     pub journal: Option<Journal>,
+    /// A part of a split job: the journals of earlier runs split another
+    /// way, by whose part each was (see `journal::earlier_splits`).
+    pub(crate) earlier: Vec<(crate::shard::Shard, crate::journal::Resumable)>,
     /// The user's umask, cleared for the job (`--no-perms` applies it).
     pub umask: u32,
     /// Whether `--delete` removes what it finds (a dry run only counts,
