@@ -100,6 +100,33 @@ def latency(scratch, data, files, per_dir, ranks, repeat):
     return {"files": files, "per_dir": per_dir, "runs": runs}
 
 
+def skew(scratch, data, entries, size, ranks):
+    """One directory of `entries` small files beside one file of `size`
+    bytes: each rank's share of the files and of the big file's bytes."""
+    src = os.path.join(data, f"ranks-skew-{entries}-{size}")
+    if not os.path.exists(src):
+        part = src + ".part"
+        os.makedirs(os.path.join(part, "many"), exist_ok=True)
+        for i in range(entries):
+            with open(os.path.join(part, "many", f"e{i:07d}"), "wb") as f:
+                f.write(b"y" * 512)
+        bench.sh(f"head -c {size} /dev/urandom > {part}/huge.bin && mv {part} {src}")
+    rows = {}
+    for r in ranks:
+        scratch.fresh()
+        bench.drop_caches()
+        cmd = f"{MPIRUN} -np {r} {SLUICE} copy --no-progress --json -j 2 {src} {MNT}/dst"
+        start = time.monotonic()
+        out = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+        secs = round(time.monotonic() - start, 2)
+        s = json.loads(out.stdout.strip().splitlines()[-1])
+        per = s.get("ranks") or [{"rank": 0, "files_copied": s["files_copied"],
+                                  "bytes_copied": s["bytes_copied"], "stream_seconds": None}]
+        print("skew", r, "ranks", secs, out.returncode, flush=True)
+        rows[str(r)] = {"seconds": secs, "exit": out.returncode, "ranks": per}
+    return {"entries": entries, "bytes": size, "runs": rows}
+
+
 def median(xs):
     xs = sorted(x for x in xs if x is not None)
     if not xs:
@@ -117,6 +144,8 @@ def main():
     p.add_argument("--latency-per-dir", type=int, default=1000,
                    help="files per directory of the latency set (a directory is listed by one rank)")
     p.add_argument("--skip-latency", action="store_true")
+    p.add_argument("--skew", action="store_true",
+                   help="also: one directory of 100k files beside a 2 GiB file, each rank's share")
     p.add_argument("--full", action="store_true", help="the full-size sets of bench.py (dense 200k, mixed 30k)")
     a = p.parse_args()
     bench.need_root("ranks.py")
@@ -128,6 +157,8 @@ def main():
     scratch = bench.Scratch(os.path.join(a.data, "scratch-dst.img"), 40)
     try:
         res = {"overhead": overhead(scratch, a.data, shapes, a.repeat)}
+        if a.skew:
+            res["skew"] = skew(scratch, a.data, 100_000, 2 << 30, [1, 2, 4])
         if not a.skip_latency:
             res["latency"] = latency(scratch, a.data, a.latency_files, a.latency_per_dir,
                                      [1, 2, 4, 8], a.repeat)
@@ -156,6 +187,15 @@ def main():
               "| ranks | seconds | speed-up over 1 rank |", "|---:|---:|---:|"]
         for k, v in runs.items():
             L.append(f"| {k} | {v} | {base / v:.2f} |" if v and base else f"| {k} | failed | - |")
+        L.append("")
+    if "skew" in res:
+        sk = res["skew"]
+        L += [f"## skew: one directory of {sk['entries']} files of 512 B beside one file of "
+              f"{sk['bytes'] >> 20} MiB, -j 2 per rank", "",
+              "| ranks | seconds | per rank: files, MiB |", "|---:|---:|---|"]
+        for k, row in sk["runs"].items():
+            per = "; ".join(f"{r['files_copied']}, {r['bytes_copied'] >> 20}" for r in row["ranks"])
+            L.append(f"| {k} | {row['seconds']} | {per} |")
         L.append("")
     open(out + ".md", "w").write("\n".join(L))
     json.dump(res, open(out + ".json", "w"), indent=1)
