@@ -25,7 +25,9 @@
 //! beneath its held roots, one component at a time, as `delete` does.
 
 use crate::error::{Reason, Side};
+use crate::shard::Shard;
 use crate::state::{DirNode, FileBatch, Listing, Shared, Task};
+use sluice_sys::Stat;
 use std::ffi::CString;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
@@ -84,9 +86,15 @@ impl Desk for JobDesk {
 
     fn take(&self, items: Vec<Item>) {
         let sh = &self.shared;
-        for item in items {
+        for mut item in items {
             if sh.stopped() {
                 return;
+            }
+            if let Item::Files { dir, entries } = &mut item {
+                self.pass_on_linked(dir, entries);
+                if entries.is_empty() {
+                    continue;
+                }
             }
             let (dir, tasks) = match &item {
                 Item::Dir { dir, .. } | Item::Files { dir, .. } => (dir, 1),
@@ -138,6 +146,33 @@ impl Desk for JobDesk {
 }
 
 impl JobDesk {
+    /// Hands the files with more than one name among `entries` (a batch
+    /// another part lent) to the parts their inodes hash to, unless that
+    /// is this one: a lender keeps such files of its own in its batches,
+    /// and only their owner may copy and link them.
+    fn pass_on_linked(&self, dir: &[u8], entries: &mut Vec<(Vec<u8>, Stat)>) {
+        let Some((group, part)) = &self.shared.sharing else {
+            return;
+        };
+        entries.retain(|(name, st)| {
+            if Shard::splits(st) {
+                return true;
+            }
+            let owner = part.owner(Shard::path_hash(dir, name), st);
+            if owner != part.index {
+                let entries = vec![(name.clone(), *st)];
+                group.send(
+                    owner,
+                    vec![Item::Owned {
+                        dir: dir.to_vec(),
+                        entries,
+                    }],
+                );
+            }
+            owner == part.index
+        });
+    }
+
     /// Opens the directory `rel` on both sides, beneath the roots, as a
     /// directory of this part's with `holds` tasks to come: it existed (its
     /// lister made it), and its metadata is set again once they are done.

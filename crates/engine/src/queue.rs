@@ -209,28 +209,11 @@ impl<T> Queue<T> {
     pub fn lend(&self, lendable: impl Fn(&T) -> bool) -> Vec<T> {
         let mut l = self.lanes.lock().expect("queue lock");
         let mut lent = Vec::new();
-        let n = l.dirs.iter().filter(|t| lendable(t)).count().div_ceil(2);
-        if n > 0 {
-            let mut kept = Vec::with_capacity(l.dirs.len() - n);
-            for t in l.dirs.drain(..) {
-                if lent.len() < n && lendable(&t) {
-                    lent.push(t);
-                } else {
-                    kept.push(t);
-                }
-            }
-            l.dirs = kept;
-        } else {
-            let n = l.data.iter().filter(|t| lendable(t)).count().div_ceil(2);
-            let mut kept = VecDeque::with_capacity(l.data.len());
-            for t in l.data.drain(..) {
-                if lent.len() < n && lendable(&t) {
-                    lent.push(t);
-                } else {
-                    kept.push_back(t);
-                }
-            }
-            l.data = kept;
+        let dirs = std::mem::take(&mut l.dirs);
+        l.dirs = lend_half(dirs, &lendable, &mut lent);
+        if lent.is_empty() {
+            let data = Vec::from(std::mem::take(&mut l.data));
+            l.data = lend_half(data, &lendable, &mut lent).into();
         }
         l.outstanding -= lent.len();
         lent
@@ -247,6 +230,25 @@ impl<T> Queue<T> {
         self.ready.notify_all();
         dropped
     }
+}
+
+/// Moves the first half (rounded up) of the tasks `lendable` accepts from
+/// `tasks` to `lent`; returns the others, in order.
+fn lend_half<T>(tasks: Vec<T>, lendable: &impl Fn(&T) -> bool, lent: &mut Vec<T>) -> Vec<T> {
+    let n = tasks.iter().filter(|t| lendable(t)).count().div_ceil(2);
+    let mut taken = 0;
+    tasks
+        .into_iter()
+        .filter_map(|t| {
+            if taken < n && lendable(&t) {
+                taken += 1;
+                lent.push(t);
+                None
+            } else {
+                Some(t)
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
