@@ -65,6 +65,29 @@ fn mem_limit_caps_what_the_process_holds() {
     assert!(!t.path().join("tiny").exists());
 }
 
+/// Without `--mem-limit`, many streams share one pool of buffer memory:
+/// 64 streams copying the chunks of a big file (from tmpfs, so every byte
+/// passes through their buffers) hold about what 8 do, each with 384 KiB
+/// rather than 4 MiB (by hand, release builds: 32 MiB against 264 MiB).
+#[test]
+fn many_streams_share_one_pool_of_buffers() {
+    let (src, t) = (
+        tmpfs_dir("mempool-src").unwrap_or_else(|| disk_dir("mempool-src")),
+        disk_dir("mempool"),
+    );
+    write(&src.path().join("big.bin"), &bytes(256 << 20, 5));
+    let dst = t.path().join("dst");
+    let args = ["-j", "64", "--chunk-size", "4M", "--json"];
+    let out = copy(src.path(), &dst, &args);
+    ok(&out);
+    assert_same_tree(src.path(), &dst);
+    let rss = summary(&out)["max_rss_bytes"].as_u64().unwrap();
+    eprintln!("64 streams: {rss} bytes resident");
+    // 24 MiB of buffers and the debug binary's own ~15 MiB; 4 MiB buffers
+    // on 64 streams would be 256 MiB of them.
+    assert!(rss <= 80 << 20, "{rss} bytes resident with 64 streams");
+}
+
 /// The benchmark's dense set (200,000 files of 1 KiB in 20 x 10 x 1,000
 /// directories) and a 4 GiB file, each copied with `-j auto` under
 /// `--mem-limit 24M`: the tuner may want up to 64 streams, the budget

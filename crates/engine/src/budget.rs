@@ -43,6 +43,24 @@ pub const MAX_BUF: u64 = 4 << 20;
 /// The smallest data buffer worth running with.
 pub const MIN_BUF: u64 = 256 << 10;
 
+/// What the data buffers of all the streams at work may hold together:
+/// 8 streams get 3 MiB each, 48 get 512 KiB, 96 and more the smallest.
+/// More bought nothing measurable against 4 MiB each (bench/mem.py,
+/// results/mem-*.md: a 2 GiB file, -j 8, 2.34 s against 2.40 s; with -j
+/// auto 2.09 s and 50 MiB resident against 2.27 s and 136 MiB): with many
+/// streams the disk has that much in flight anyway. A stream mid-chunk
+/// when the tuner adds streams keeps its larger buffer until its next
+/// chunk, so a job may briefly hold up to twice this.
+pub const POOL: u64 = 24 << 20;
+
+/// Each stream's data buffer when `streams` are at work: its share of
+/// [`POOL`], between [`MIN_BUF`] and what the budget gave (`most`), a
+/// multiple of 64 KiB.
+pub fn share(most: usize, streams: usize) -> usize {
+    let per = (POOL / streams.max(1) as u64).clamp(MIN_BUF, MAX_BUF) as usize;
+    per.min(most) / (64 << 10) * (64 << 10)
+}
+
 /// The smallest `--mem-limit` a job can run in (one stream, smallest buffer).
 pub const MIN_LIMIT: u64 = BASE + PER_STREAM + MIN_BUF;
 
@@ -92,6 +110,17 @@ mod tests {
             prop_assert_eq!(b.buf % (64 << 10), 0);
             prop_assert!(BASE + b.jobs as u64 * (PER_STREAM + b.buf as u64) <= limit);
         }
+    }
+
+    #[test]
+    fn buffers_shrink_as_streams_grow() {
+        assert_eq!(share(4 << 20, 4), 4 << 20);
+        assert_eq!(share(4 << 20, 8), 3 << 20);
+        assert_eq!(share(4 << 20, 48), 512 << 10);
+        assert_eq!(share(4 << 20, 1000), 256 << 10);
+        // --mem-limit's smaller buffers stay smaller; a multiple of 64 KiB.
+        assert_eq!(share(768 << 10, 8), 768 << 10);
+        assert_eq!(share(768 << 10, 40), 576 << 10);
     }
 
     #[test]

@@ -1151,6 +1151,7 @@ impl Worker {
             let healthy =
                 !self.shared.stopped() && big.failed.lock().expect("chunk lock").is_none();
             if healthy {
+                self.fit_buffer();
                 let copied = self.copy_chunk(&big, i).map_err(|(op, e)| {
                     big.node
                         .error(&big.dst_name, copy_side(e), op, Reason::Os(e))

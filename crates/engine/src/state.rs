@@ -564,10 +564,14 @@ pub(crate) struct Scratch {
 }
 
 impl Scratch {
-    /// The stream's data buffer (its size set by the job's memory budget),
-    /// allocated on first use.
+    /// The stream's data buffer (its size set by the job's memory budget
+    /// and the streams at work, see [`crate::budget::share`]), allocated on
+    /// first use, and again when that size changed.
     pub fn buf(&mut self) -> &mut [u8] {
         let size = self.buf_size;
+        if self.buf.as_ref().is_some_and(|b| b.len() != size) {
+            self.buf = None;
+        }
         self.buf
             .get_or_insert_with(|| AlignedBuf::new(size))
             .as_mut_slice()
@@ -610,6 +614,15 @@ impl Worker {
 
     pub(crate) fn id(&self) -> usize {
         self.id
+    }
+
+    /// Sizes this stream's data buffer for the streams at work now: they
+    /// share one pool of buffer memory ([`crate::budget::share`]). Called
+    /// before each task, and before each chunk of a big file (a stream may
+    /// stay on one file while the tuner adds streams).
+    pub(crate) fn fit_buffer(&mut self) {
+        let streams = self.shared.gate.target();
+        self.scratch.buf_size = crate::budget::share(self.shared.budget.buf, streams);
     }
 
     /// Tells the gauge what this stream is doing now.

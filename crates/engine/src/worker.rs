@@ -37,6 +37,7 @@ impl Worker {
                 break;
             };
             self.doing(Activity::Walk);
+            self.fit_buffer();
             self.run_task(task);
             self.shared.queue.done(lane);
         }
