@@ -236,7 +236,7 @@ pub fn run_job(
     };
     // Only rank 0 speaks for the job.
     let speaks = ranks.as_ref().is_none_or(|r| r.rank == 0);
-    if let (Some(saved), false) = (args.saved_probe(), args.show.json) {
+    if let (Some(saved), false, true) = (args.saved_probe(), args.show.json, speaks) {
         eprintln!(
             "sluice: -j auto starts at {} streams, as `sluice probe --save` found for {} -> {}",
             opts.jobs,
