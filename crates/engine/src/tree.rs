@@ -55,7 +55,18 @@ pub(crate) fn finish_unfinished(shared: &Shared) {
     let Some(root) = &shared.dst_root_fd else {
         return;
     };
-    for (rel, stat, existed) in shared.ledger.take_unfinished() {
+    let mut dirs = shared.ledger.take_unfinished();
+    // Deepest first, as a parent is always finished after its children:
+    // a mode without search permission set on a parent first would shut
+    // the way to a child.
+    let depth = |rel: &[u8]| match rel {
+        [] => 0,
+        _ => 1 + rel.iter().filter(|&&b| b == b'/').count(),
+    };
+    dirs.sort_by(|a, b| depth(&b.0).cmp(&depth(&a.0)).then_with(|| a.0.cmp(&b.0)));
+    // Adopted once for each loan from it: finished once.
+    dirs.dedup_by(|a, b| a.0 == b.0);
+    for (rel, stat, existed) in dirs {
         let done = crate::target::open_beneath(root.as_fd(), &rel)
             .map_err(|e| ("open directory", e))
             .and_then(|dst| finish(shared, dst.as_fd(), &stat, existed));
