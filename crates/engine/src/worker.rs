@@ -391,7 +391,8 @@ impl Worker {
                         })
                     }
                     Action::Chunked { chunks } => {
-                        stats.bytes_found.fetch_add(st.size, Relaxed);
+                        let mine = share_of_split(&shared, node, name, &st, chunks);
+                        stats.bytes_found.fetch_add(mine, Relaxed);
                         self.start_big(node, name, name, &st, chunks);
                     }
                     Action::Skip(why) => self.skip(node, name, why),
@@ -470,6 +471,24 @@ fn another_parts(
         _ => None,
     };
     !shard.takes(Shard::path_hash(&node.rel, name.to_bytes()), st, chunks)
+}
+
+/// The bytes of a big file of `chunks` chunks this process copies: all
+/// of them, or for a part of a job split by `--shard` (which counts only
+/// its own work) those of its chunks. Ranks sharing a job count the file
+/// once, where it was listed.
+fn share_of_split(shared: &Shared, node: &DirNode, name: &CStr, st: &Stat, chunks: u64) -> u64 {
+    match shared.opts.shard {
+        Some(part) if shared.sharing.is_none() && Shard::splits(st) => {
+            let path = Shard::path_hash(&node.rel, name.to_bytes());
+            let chunk_size = shared.opts.chunk_size;
+            (0..chunks)
+                .filter(|&i| part.owns_chunk(path, i))
+                .map(|i| plan::chunk_range(st.size, chunk_size, i).1)
+                .sum()
+        }
+        _ => st.size,
+    }
 }
 
 /// Whether the entry `name` of `node`, which this part of a job shared
