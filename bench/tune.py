@@ -176,7 +176,7 @@ def main():
     scratch = bench.Scratch(os.path.join(a.data, "scratch-dst.img"), 40)
     try:
         for shape in a.shapes.split(","):
-            data = bench.dataset(os.path.join(a.data, shape), shape)
+            data = os.path.realpath(bench.dataset(os.path.join(a.data, shape), shape))
             files, nbytes = bench.tree_size(data)
             for source in a.sources.split(","):
                 src = data
