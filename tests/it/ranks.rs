@@ -175,6 +175,43 @@ fn one_big_directory_spreads_over_every_rank() {
     }
 }
 
+/// `verify` on ranks reports a big file that differs once, though its
+/// chunks would be dealt to every rank for a copy.
+#[test]
+fn ranks_verify_a_changed_big_file_once() {
+    if !have_mpirun() {
+        return;
+    }
+    let t = disk_dir("ranks-verify");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    tree(&src);
+    ok(&copy(&src, &dst, &["--chunk-size", "1M"]));
+    let big = dst.join("d2/huge.bin");
+    let mut data = fs::read(&big).unwrap();
+    data[1000] ^= 0xff;
+    fs::write(&big, &data).unwrap();
+    let mtime = fs::metadata(src.join("d2/huge.bin"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    fs::File::options()
+        .write(true)
+        .open(&big)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    let out = mpirun(
+        3,
+        "verify",
+        &src,
+        &dst,
+        &["--json", "--chunk-size", "1M"],
+        false,
+    );
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert_eq!(summary(&out)["differences"], 1, "{}", stderr(&out));
+}
+
 /// `sync --delete` on ranks removes each extra once and leaves the tree
 /// SRC has.
 #[test]

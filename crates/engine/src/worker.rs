@@ -508,6 +508,9 @@ fn keep_or_hand_over(
     };
     let path = Shard::path_hash(&node.rel, name.to_bytes());
     let owners = match action {
+        // `verify` compares a big file whole where it is listed (its check
+        // is not split by chunk: each owner would compare all of it).
+        Action::Chunked { .. } if shared.checking() => return true,
         Action::Chunked { chunks } if Shard::splits(st) => part.owners(path, chunks),
         Action::Whole | Action::Chunked { .. } if !Shard::splits(st) => vec![part.owner(path, st)],
         _ => return true,
