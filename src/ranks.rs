@@ -51,10 +51,8 @@ pub struct Ranks {
     pub size: u32,
     asks: Mutex<Option<Sender<Ask>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    /// Another rank asked this one for work and got none.
-    hungry: Arc<AtomicBool>,
-    /// Rank 0: the other ranks' progress as they last told it.
-    others: Arc<Mutex<Vec<Progress>>>,
+    /// What the talking thread heard from the other ranks.
+    heard: Heard,
 }
 
 impl Ranks {
@@ -63,15 +61,14 @@ impl Ranks {
     pub fn join() -> Result<Arc<Ranks>, String> {
         let (tx, rx) = channel::<Ask>();
         let (placed, place) = sync_channel(1);
-        let hungry = Arc::new(AtomicBool::new(false));
-        let others = Arc::new(Mutex::new(Vec::new()));
         let heard = Heard {
-            hungry: hungry.clone(),
-            others: others.clone(),
+            hungry: Arc::new(AtomicBool::new(false)),
+            others: Arc::new(Mutex::new(Vec::new())),
         };
+        let told = heard.clone();
         let thread = std::thread::Builder::new()
             .name("mpi".into())
-            .spawn(move || talk(rx, placed, heard))
+            .spawn(move || talk(rx, placed, told))
             .map_err(|e| format!("cannot start the MPI thread: {e}"))?;
         let (rank, size) = place.recv().map_err(|_| {
             if cfg!(feature = "mpi") {
@@ -87,8 +84,7 @@ impl Ranks {
             size,
             asks: Mutex::new(Some(tx)),
             thread: Mutex::new(Some(thread)),
-            hungry,
-            others,
+            heard,
         }))
     }
 
@@ -114,7 +110,7 @@ impl Ranks {
 
     /// The progress of the other ranks, as they last told it (rank 0).
     pub fn elsewhere(&self) -> Progress {
-        let others = self.others.lock().expect("others lock");
+        let others = self.heard.others.lock().expect("others lock");
         others.iter().fold(Progress::default(), |sum, p| sum.add(p))
     }
 
@@ -170,7 +166,7 @@ impl Group for Ranks {
     }
 
     fn hungry(&self) -> bool {
-        self.hungry.load(Relaxed)
+        self.heard.hungry.load(Relaxed)
     }
 }
 

@@ -40,6 +40,18 @@ fn mpirun(n: u32, command: &str, src: &Path, dst: &Path, args: &[&str], nobody: 
         .expect("run mpirun")
 }
 
+/// `mpirun -np N sluice copy --json --chunk-size 1M -j 2 SRC DST` (as
+/// nobody with `nobody`), checked: it succeeded, and DST is an exact copy
+/// with no temporary left.
+fn copy_on_ranks(n: u32, src: &Path, dst: &Path, nobody: bool) -> Output {
+    let args = ["--json", "--chunk-size", "1M", "-j", "2"];
+    let out = mpirun(n, "copy", src, dst, &args, nobody);
+    ok(&out);
+    assert_same_tree(src, dst);
+    assert_no_temporaries(dst);
+    out
+}
+
 /// A build with the `mpi` feature links Open MPI, so its launcher must be
 /// there too: its absence fails the test rather than skip it.
 fn have_mpirun() -> bool {
@@ -83,17 +95,7 @@ fn any_number_of_ranks_leaves_the_same_tree_and_shares_the_work() {
     tree(&src);
     for n in [1u32, 2, 4] {
         let dst = t.path().join(format!("dst{n}"));
-        let out = mpirun(
-            n,
-            "copy",
-            &src,
-            &dst,
-            &["--json", "--chunk-size", "1M", "-j", "2"],
-            false,
-        );
-        ok(&out);
-        assert_same_tree(&src, &dst);
-        assert_no_temporaries(&dst);
+        let out = copy_on_ranks(n, &src, &dst, false);
         let summaries = json_lines(&out, "summary");
         assert_eq!(
             summaries.len(),
@@ -129,6 +131,34 @@ fn any_number_of_ranks_leaves_the_same_tree_and_shares_the_work() {
     }
 }
 
+/// Rank 0's progress line is the job's: what every rank found and did,
+/// not only its own share.
+#[test]
+fn rank_0_shows_the_progress_of_every_rank() {
+    if !have_mpirun() {
+        return;
+    }
+    let t = disk_dir("ranks-progress");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    tree(&src);
+    // Slowed (4 MiB/s a rank), so that the job outlasts a few progress
+    // lines (one a second) while every rank copies its third of the big
+    // file.
+    let args = ["--json", "--chunk-size", "1M", "-j", "2", "--bwlimit", "4M"];
+    let out = mpirun(3, "copy", &src, &dst, &args, false);
+    ok(&out);
+    let s = summary(&out);
+    let last = json_lines(&out, "progress")
+        .pop()
+        .unwrap_or_else(|| panic!("no progress line: {}", stdout(&out)));
+    // By then the ranks together had copied more than rank 0 did in all.
+    let rank0 = s["ranks"][0]["bytes_copied"].as_u64().unwrap();
+    assert!(
+        last["bytes_done"].as_u64().unwrap() > rank0,
+        "rank 0 showed only its own bytes ({rank0} in all): {last}"
+    );
+}
+
 /// A skewed tree, one directory of many entries beside a big file: the
 /// directory's files are lent out in batches, so every rank copies some
 /// of them, and the copy is exact.
@@ -153,16 +183,7 @@ fn one_big_directory_spreads_over_every_rank() {
         .unwrap();
     }
     write(&src.join("huge.bin"), &bytes(24 << 20, 7));
-    let out = mpirun(
-        3,
-        "copy",
-        &src,
-        &dst,
-        &["--json", "--chunk-size", "1M", "-j", "2"],
-        false,
-    );
-    ok(&out);
-    assert_same_tree(&src, &dst);
+    let out = copy_on_ranks(3, &src, &dst, false);
     let s = summary(&out);
     assert_eq!(s["files_copied"], 30_001, "{s}");
     assert_eq!(s["hardlinks"], 100, "{s}");
@@ -438,17 +459,7 @@ fn read_only_directories_written_by_several_ranks_come_out_exact() {
         fs::set_permissions(src.join(d), fs::Permissions::from_mode(0o555)).unwrap();
         set_mtime(&src.join(d), 1_500_000_000, 7);
     }
-    let out = mpirun(
-        3,
-        "copy",
-        &src,
-        &dst,
-        &["--json", "--chunk-size", "1M", "-j", "2"],
-        true,
-    );
-    ok(&out);
-    assert_same_tree(&src, &dst);
-    assert_no_temporaries(&dst);
+    let out = copy_on_ranks(3, &src, &dst, true);
     let s = summary(&out);
     assert_eq!(s["hardlinks"], 2, "{s}");
     let ranks = s["ranks"].as_array().unwrap();

@@ -957,7 +957,7 @@ impl Worker {
                     // What parts of earlier runs split another way left in
                     // this very temporary: a marker says all of a part's
                     // chunks are in, a journal record which of them are.
-                    for (earlier, records) in &self.shared.earlier {
+                    for (earlier, records) in self.shared.earlier_splits() {
                         if part.marked_in(node.dst(), opened.ino, *earlier) {
                             mine.retain(|&i| !earlier.owns_chunk(path, i));
                         } else if let Some(r) = records.get(&rel).filter(|r| {

@@ -25,6 +25,7 @@
 //! beneath its held roots, one component at a time, as `delete` does.
 
 use crate::error::{Reason, Side};
+use crate::plan::Action;
 use crate::shard::Shard;
 use crate::state::{DirNode, FileBatch, Listing, Shared, Task};
 use sluice_sys::Stat;
@@ -34,6 +35,52 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 
 pub use crate::options::{Desk, Item};
+
+/// Where an entry goes when a job is shared out as it goes.
+pub(crate) struct Route {
+    /// This part copies it (or its share of chunks).
+    pub keep: bool,
+    /// It was handed to another part, which writes into its directory.
+    pub handed: bool,
+}
+
+/// Sends the entry `name` of directory `dir` (relative to the roots), to
+/// be handled by `action`, to the parts whose it is, and says whether it
+/// is this part's too: a file with more than one name is the part's its
+/// inode hashes to, a big file every part's with chunks of it (except in
+/// `verify`, whose check is not split by chunk: the lister compares it
+/// whole); everything else is its lister's. Without sharing, every entry
+/// is kept.
+pub(crate) fn route(shared: &Shared, dir: &[u8], name: &[u8], st: &Stat, action: Action) -> Route {
+    let here = Route {
+        keep: true,
+        handed: false,
+    };
+    let Some((group, part)) = &shared.sharing else {
+        return here;
+    };
+    let owners = match action {
+        Action::Chunked { .. } if shared.checking() => return here,
+        Action::Chunked { chunks } if Shard::splits(st) => {
+            part.owners(Shard::path_hash(dir, name), chunks)
+        }
+        Action::Whole | Action::Chunked { .. } if !Shard::splits(st) => {
+            vec![part.owner(Shard::path_hash(dir, name), st)]
+        }
+        _ => return here,
+    };
+    let mut handed = false;
+    for &to in owners.iter().filter(|&&p| p != part.index) {
+        let entries = vec![(name.to_vec(), *st)];
+        let dir = dir.to_vec();
+        group.send(to, vec![Item::Owned { dir, entries }]);
+        handed = true;
+    }
+    Route {
+        keep: owners.contains(&part.index),
+        handed,
+    }
+}
 
 /// The job's desk: its queue and tables, and the roots to open what it
 /// takes beneath.
@@ -146,31 +193,13 @@ impl Desk for JobDesk {
 }
 
 impl JobDesk {
-    /// Hands the files with more than one name among `entries` (a batch
-    /// another part lent) to the parts their inodes hash to, unless that
-    /// is this one: a lender keeps such files of its own in its batches,
-    /// and only their owner may copy and link them.
+    /// Hands the files among `entries` (a batch another part lent) that
+    /// are not this part's to their owners ([`route`]): a lender keeps the
+    /// hard-linked files it owns in its batches, and only their owner may
+    /// copy and link them.
     fn pass_on_linked(&self, dir: &[u8], entries: &mut Vec<(Vec<u8>, Stat)>) {
-        let Some((group, part)) = &self.shared.sharing else {
-            return;
-        };
-        entries.retain(|(name, st)| {
-            if Shard::splits(st) {
-                return true;
-            }
-            let owner = part.owner(Shard::path_hash(dir, name), st);
-            if owner != part.index {
-                let entries = vec![(name.clone(), *st)];
-                group.send(
-                    owner,
-                    vec![Item::Owned {
-                        dir: dir.to_vec(),
-                        entries,
-                    }],
-                );
-            }
-            owner == part.index
-        });
+        // A batch holds what is copied whole (big files never are in one).
+        entries.retain(|(name, st)| route(&self.shared, dir, name, st, Action::Whole).keep);
     }
 
     /// Opens the directory `rel` on both sides, beneath the roots, as a

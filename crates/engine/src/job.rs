@@ -225,16 +225,6 @@ fn run(
         }
         None => None,
     };
-    // A part of a split job takes over what parts of earlier runs split
-    // another way left in the temporaries they shared.
-    let earlier = match (&journal, &dst_root_fd, opts.shard) {
-        (Some(_), Some(fd), Some(part)) => crate::journal::earlier_splits(
-            fd,
-            roots.single.as_ref().map(|s| s.1.to_bytes()),
-            part.count,
-        ),
-        _ => Vec::new(),
-    };
     let facts = crate::tree::DstFacts::of(roots.dst_fd.as_ref());
     let halted = Arc::new(AtomicBool::new(false));
     let throttle = opts
@@ -273,7 +263,7 @@ fn run(
         pid: std::process::id(),
         tmp_seq: AtomicU64::new(0),
         journal,
-        earlier,
+        earlier: std::sync::OnceLock::new(),
         deletes_for_real: pass == Pass::FreeSpace || !opts.dry_run,
         umask,
         src_root_entries: AtomicU64::new(0),

@@ -259,6 +259,44 @@ impl Journal {
         })
     }
 
+    /// The records of the journals that earlier runs of this job split
+    /// into other than `count` parts left beside this one, each with the
+    /// part that kept it: what they say landed in a shared temporary is
+    /// there whatever the split now (see `parts`). Read only; they go at
+    /// the end of a clean run. A journal another process holds open is
+    /// waited for a moment, then passed over (its chunks are copied again).
+    pub fn earlier_splits(&self, count: u32) -> Vec<(crate::shard::Shard, Resumable)> {
+        let name = self.name.to_bytes();
+        let Some(at) = name.windows(6).position(|w| w == b"-part-") else {
+            return Vec::new(); // not a part's journal
+        };
+        let prefix = &name[..at];
+        let Ok(fd) = crate::target::open_beneath(self.dir.as_fd(), b"") else {
+            return Vec::new();
+        };
+        let mut found = Vec::new();
+        let _ = sluice_walk::DirStream::default().for_each(fd.as_fd(), |e| {
+            if let Some(part) = split_of(e.name.to_bytes(), prefix).filter(|p| p.count != count) {
+                found.push((part, e.name.to_owned()));
+            }
+            true
+        });
+        let mut earlier = Vec::new();
+        for (part, name) in found {
+            for _ in 0..20 {
+                match read(&fd, &name) {
+                    Ok((records, _db)) => {
+                        earlier.push((part, records));
+                        break;
+                    }
+                    // Another part of this run reading it at the same moment.
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(25)),
+                }
+            }
+        }
+        earlier
+    }
+
     /// The journal's file name, for messages.
     pub fn file_name(&self) -> String {
         self.name.to_string_lossy().into_owned()
@@ -405,46 +443,6 @@ impl Journal {
 }
 
 pub(crate) type Resumable = HashMap<Vec<u8>, Record>;
-
-/// The records of the journals that earlier runs of this job split into
-/// other than `count` parts left in `dir`, each with the part that kept
-/// it: what they say landed in a shared temporary is there whatever the
-/// split now (see `parts`). Read only; they go at the end of a clean run.
-/// A journal another process holds open is waited for a moment, then
-/// passed over (its chunks are copied again).
-pub(crate) fn earlier_splits(
-    dir: &OwnedFd,
-    single: Option<&[u8]>,
-    count: u32,
-) -> Vec<(crate::shard::Shard, Resumable)> {
-    let prefix = file_name(single, None);
-    let prefix = prefix.trim_end_matches(".redb").as_bytes().to_vec();
-    let Ok(fd) = crate::target::open_beneath(dir.as_fd(), b"") else {
-        return Vec::new();
-    };
-    let mut found = Vec::new();
-    let _ = sluice_walk::DirStream::default().for_each(fd.as_fd(), |e| {
-        let name = e.name.to_bytes();
-        if let Some(part) = split_of(name, &prefix).filter(|p| p.count != count) {
-            found.push((part, e.name.to_owned()));
-        }
-        true
-    });
-    let mut earlier = Vec::new();
-    for (part, name) in found {
-        for _ in 0..20 {
-            match read(&fd, &name) {
-                Ok((records, _db)) => {
-                    earlier.push((part, records));
-                    break;
-                }
-                // Another part of this run reading it at the same moment.
-                Err(_) => std::thread::sleep(std::time::Duration::from_millis(25)),
-            }
-        }
-    }
-    earlier
-}
 
 /// The part whose journal `name` is, if it is one of a split job with the
 /// journal names starting `prefix` (`<prefix>-part-I-of-N.redb`).

@@ -66,8 +66,9 @@ pub(crate) struct Shared {
     /// Resume state of big files; `None` in a dry run.
     pub journal: Option<Journal>,
     /// A part of a split job: the journals of earlier runs split another
-    /// way, by whose part each was (see `journal::earlier_splits`).
-    pub(crate) earlier: Vec<(crate::shard::Shard, crate::journal::Resumable)>,
+    /// way, read when a temporary another run made is first met (see
+    /// [`Shared::earlier_splits`]).
+    pub(crate) earlier: std::sync::OnceLock<Vec<(crate::shard::Shard, crate::journal::Resumable)>>,
     /// The user's umask, cleared for the job (`--no-perms` applies it).
     pub umask: u32,
     /// Whether `--delete` removes what it finds (a dry run only counts,
@@ -109,6 +110,18 @@ impl Shared {
     /// bits come after the chown, which would clear them).
     pub fn create_mode(&self, st: &Stat) -> u32 {
         self.mode_for(st) & 0o1777
+    }
+
+    /// The journals of earlier runs of this job split into another count
+    /// of parts ([`crate::journal::Journal::earlier_splits`]), read once,
+    /// when first asked: only a rerun that finds a shared temporary it did
+    /// not make pays for listing DST's root.
+    pub fn earlier_splits(&self) -> &[(crate::shard::Shard, crate::journal::Resumable)] {
+        self.earlier
+            .get_or_init(|| match (&self.journal, self.opts.shard) {
+                (Some(j), Some(part)) => j.earlier_splits(part.count),
+                _ => Vec::new(),
+            })
     }
 
     /// Whether this job changes DST (not a dry run, not `verify`).

@@ -492,10 +492,9 @@ fn share_of_split(shared: &Shared, node: &DirNode, name: &CStr, st: &Stat, chunk
 }
 
 /// Whether the entry `name` of `node`, which this part of a job shared
-/// out as it goes listed, is this part's to copy (see [`crate::exchange`]):
-/// a file with more than one name is handed to the part its inode hashes
-/// to, a big file to every other part that has chunks of it (and kept if
-/// this part has some too); everything else its lister copies.
+/// out as it goes listed, is this part's to copy (see
+/// [`crate::exchange::route`]); one it hands to another part makes the
+/// directory one several parts write into.
 fn keep_or_hand_over(
     shared: &Shared,
     node: &DirNode,
@@ -503,31 +502,11 @@ fn keep_or_hand_over(
     st: &Stat,
     action: Action,
 ) -> bool {
-    let Some((group, part)) = &shared.sharing else {
-        return true;
-    };
-    let path = Shard::path_hash(&node.rel, name.to_bytes());
-    let owners = match action {
-        // `verify` compares a big file whole where it is listed (its check
-        // is not split by chunk: each owner would compare all of it).
-        Action::Chunked { .. } if shared.checking() => return true,
-        Action::Chunked { chunks } if Shard::splits(st) => part.owners(path, chunks),
-        Action::Whole | Action::Chunked { .. } if !Shard::splits(st) => vec![part.owner(path, st)],
-        _ => return true,
-    };
-    for &to in owners.iter().filter(|&&p| p != part.index) {
-        // The owner writes into it: finished at the end of the job.
+    let route = crate::exchange::route(shared, &node.rel, name.to_bytes(), st, action);
+    if route.handed {
         node.shared_out.store(true, Relaxed);
-        let entries = vec![(name.to_bytes().to_vec(), *st)];
-        group.send(
-            to,
-            vec![crate::exchange::Item::Owned {
-                dir: node.rel.clone(),
-                entries,
-            }],
-        );
     }
-    owners.contains(&part.index)
+    route.keep
 }
 
 /// A source directory listed but gone before it could be read: said, not
