@@ -7,13 +7,17 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-/// Every regular file under a final name in `dst` equals its source:
-/// whatever an interruption left, nothing is torn.
+/// Every regular file under a final path in `dst` equals its source:
+/// whatever an interruption left, nothing is torn. A temporary, or
+/// anything in a new directory still filled under a temporary name, has
+/// no final path.
 fn assert_nothing_torn(src: &Path, dst: &Path) {
     for rel in entries(dst) {
-        let name = rel.file_name().unwrap().to_string_lossy();
+        let temporary = rel
+            .components()
+            .any(|c| c.as_os_str().to_string_lossy().starts_with(".sluice-"));
         let d = dst.join(&rel);
-        if name.starts_with(".sluice-") || !fs::symlink_metadata(&d).unwrap().is_file() {
+        if temporary || !fs::symlink_metadata(&d).unwrap().is_file() {
             continue;
         }
         assert!(
@@ -113,6 +117,166 @@ fn sigint_saves_state_and_the_rerun_copies_the_rest() {
     assert_no_temporaries(&dst);
 }
 
+/// Every directory under a final path below `dst` (its root aside) has
+/// all of its source's entries: a new directory gets its name only when
+/// everything in it is done.
+fn assert_dirs_whole(src: &Path, dst: &Path) {
+    let names = |dir: &Path| {
+        let mut v: Vec<_> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| !n.to_string_lossy().starts_with(".sluice-"))
+            .collect();
+        v.sort();
+        v
+    };
+    for rel in entries(dst) {
+        let d = dst.join(&rel);
+        let temporary = rel
+            .components()
+            .any(|c| c.as_os_str().to_string_lossy().starts_with(".sluice-"));
+        if temporary || !fs::symlink_metadata(&d).unwrap().is_dir() {
+            continue;
+        }
+        assert_eq!(
+            names(&src.join(&rel)),
+            names(&d),
+            "{} is not whole",
+            rel.display()
+        );
+    }
+}
+
+/// The new directories (`.sluice-0-*.tmp`) directly in `dir`.
+fn hidden_dirs(dir: &Path) -> Vec<std::path::PathBuf> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".sluice-0-")
+        })
+        .collect()
+}
+
+/// 4 directories of 200 small files in `src/top`.
+fn four_dirs_of_small_files(src: &Path) -> u64 {
+    for d in 0..4u64 {
+        for f in 0..200u64 {
+            write(
+                &src.join(format!("top/d{d}/f{f}")),
+                &bytes(1000 + f as usize, d * 1000 + f),
+            );
+        }
+    }
+    800
+}
+
+/// `sluice copy -j 1` killed at its `n`th `utimensat` (one per file, as
+/// its last step, and one per directory).
+fn copy_killed_at_file(n: u32, src: &Path, dst: &Path) -> bool {
+    let inject = format!("signal=KILL:when={n}");
+    let Some(mut cmd) = under_strace("utimensat", &inject, "copy", src, dst, &["-j", "1"]) else {
+        return false;
+    };
+    let killed = cmd.output().unwrap();
+    assert_ne!(code(&killed), 0, "not killed: {}", stderr(&killed));
+    true
+}
+
+/// A new directory is filled under a temporary name and renamed when all
+/// of it is done, so no reader sees it part-filled; after a kill -9 the
+/// same command takes up what the killed run had begun: the files that
+/// had landed are not copied again.
+#[test]
+fn new_directories_appear_whole_and_a_rerun_takes_up_a_killed_runs() {
+    let t = disk_dir("resume-hidden");
+    let src = t.path().join("src");
+    let total = four_dirs_of_small_files(&src);
+    let dst = t.path().join("dst");
+    if !copy_killed_at_file(500, &src, &dst) {
+        return;
+    }
+    // `top` is not done: it is not there under its name, but under the
+    // temporary one, where the subdirectories that are done have theirs.
+    assert!(!dst.join("top").exists());
+    let hidden = hidden_dirs(&dst);
+    assert_eq!(hidden.len(), 1, "{hidden:?}");
+    let done = (0..4)
+        .filter(|d| hidden[0].join(format!("d{d}")).is_dir())
+        .count();
+    assert!(
+        (1..4).contains(&done),
+        "{done} of 4 subdirectories done after 499 files"
+    );
+    assert_dirs_whole(&src.join("top"), &hidden[0]);
+    let out = copy(&src, &dst, &["-j", "1", "--json"]);
+    ok(&out);
+    let copied = summary(&out)["files_copied"].as_u64().unwrap();
+    assert!(
+        copied <= total - 495,
+        "the rerun copied {copied} of {total} files; 499 had landed"
+    );
+    assert_same_tree(&src, &dst);
+    assert_no_temporaries(&dst);
+}
+
+/// In a directory a killed run was filling, a file may be cut short under
+/// its own name: options that take DST's file as it is (`--ignore-existing`,
+/// `--update`, `--size-only`) must not keep it.
+#[test]
+fn a_file_cut_short_in_a_killed_runs_directory_is_copied_again_whatever_the_options() {
+    for opts in [&["--ignore-existing"][..], &["--update", "--size-only"]] {
+        let t = disk_dir("resume-hidden-cut");
+        let src = t.path().join("src");
+        four_dirs_of_small_files(&src);
+        let dst = t.path().join("dst");
+        if !copy_killed_at_file(100, &src, &dst) {
+            return;
+        }
+        // A file whose data did not land: its size, zeros, a time of now.
+        let hidden = hidden_dirs(&dst);
+        let cut = entries(&hidden[0])
+            .into_iter()
+            .map(|rel| hidden[0].join(rel))
+            .find(|p| p.is_file())
+            .expect("a file landed");
+        let len = fs::metadata(&cut).unwrap().len() as usize;
+        fs::write(&cut, vec![0u8; len]).unwrap();
+        let mut args = vec!["-j", "1"];
+        args.extend_from_slice(opts);
+        ok(&copy(&src, &dst, &args));
+        assert_same_tree(&src, &dst);
+        assert_no_temporaries(&dst);
+    }
+}
+
+/// What a killed run had begun of a directory SRC no longer has is
+/// removed (and said), not left behind.
+#[test]
+fn a_killed_runs_directory_whose_source_is_gone_is_removed() {
+    let t = disk_dir("resume-hidden-gone");
+    let src = t.path().join("src");
+    four_dirs_of_small_files(&src);
+    let dst = t.path().join("dst");
+    if !copy_killed_at_file(300, &src, &dst) {
+        return;
+    }
+    assert_eq!(hidden_dirs(&dst).len(), 1);
+    fs::rename(src.join("top"), src.join("renamed")).unwrap();
+    let out = copy(&src, &dst, &["-j", "1"]);
+    ok(&out);
+    assert!(
+        stderr(&out).contains("interrupted sluice run had begun"),
+        "{}",
+        stderr(&out)
+    );
+    assert_same_tree(&src, &dst);
+    assert_no_temporaries(&dst);
+}
+
 /// kill -9 at many points of a mixed copy, each time running the same
 /// command again: nothing torn ever appears, and the last run completes
 /// an identical tree with no state left.
@@ -156,6 +320,7 @@ fn kill_9_at_random_points_then_the_same_command_finishes() {
         let status = child.wait().unwrap();
         if dst.exists() {
             assert_nothing_torn(&src, &dst);
+            assert_dirs_whole(&src, &dst);
         }
         eprintln!("round {round}: killed after {delay} ms ({status})");
     }

@@ -44,10 +44,6 @@ impl TempName {
         bytes[..name.len()].copy_from_slice(name);
         Some(TempName { bytes })
     }
-
-    fn as_cstr(&self) -> &CStr {
-        CStr::from_bytes_until_nul(&self.bytes).expect("NUL-terminated")
-    }
 }
 
 /// An exclusive `flock` on an open file, released when dropped.
@@ -80,17 +76,32 @@ struct OpenedBig {
 }
 
 /// A regular file being written that has no final name yet: unnamed
-/// (`O_TMPFILE`) where DST supports it, else under a temporary name.
-struct Pending<'a> {
+/// (`O_TMPFILE`) where DST supports it, else under a temporary name; or,
+/// in a new directory still filled under a temporary name of its own
+/// (`DirNode::hidden`), under its final name there, removed again unless
+/// committed.
+struct Pending<'a, 'n> {
     fd: OwnedFd,
     temp: Option<TempGuard<'a>>,
+    placed: Option<(BorrowedFd<'a>, &'n CStr)>,
 }
 
-impl Pending<'_> {
+impl Drop for Pending<'_, '_> {
+    fn drop(&mut self) {
+        if let Some((dir, name)) = self.placed {
+            let _ = sluice_sys::unlink_at(dir, name);
+        }
+    }
+}
+
+impl Pending<'_, '_> {
     /// Gives the complete file its final name, replacing what had it.
-    fn commit(self, shared: &Shared, node: &DirNode, name: &CStr) -> Result<(), Errno> {
+    fn commit(mut self, shared: &Shared, node: &DirNode, name: &CStr) -> Result<(), Errno> {
         let dir = node.dst();
-        if let Some(guard) = self.temp {
+        if self.placed.take().is_some() {
+            return Ok(()); // it has its name; the directory's comes later
+        }
+        if let Some(guard) = self.temp.take() {
             return guard.commit(name);
         }
         match sluice_sys::link_unnamed(self.fd.as_fd(), dir, name) {
@@ -321,7 +332,7 @@ impl Worker {
         let src = (self.shared.source.open(&node.src, src_name))
             .map_err(|e| node.error(src_name, Side::Src, "open", Reason::Os(e)))?;
         self.doing(Activity::Write);
-        let pending = self.create_pending(node, dst_name, self.shared.create_mode(st))?;
+        let pending = self.create_pending(node, dst_name, st)?;
         let dst = pending.fd.as_fd();
         let mut size = st.size;
         if node.src_kind == sluice_sys::FsKind::Synthetic {
@@ -398,17 +409,35 @@ impl Worker {
         Ok(n)
     }
 
-    /// Creates the file that will become `dst_name` once complete.
-    fn create_pending<'a>(
+    /// Creates the file that will become `dst_name` once complete. In a
+    /// new directory not yet in place it is created under `dst_name`
+    /// itself (a sparse file excepted: its size is set before its data,
+    /// so one cut short by a crash would look complete to `--size-only`).
+    fn create_pending<'a, 'n>(
         &self,
         node: &'a DirNode,
-        dst_name: &CStr,
-        perm: u32,
-    ) -> Result<Pending<'a>, EntryError> {
+        dst_name: &'n CStr,
+        st: &Stat,
+    ) -> Result<Pending<'a, 'n>, EntryError> {
+        let perm = self.shared.create_mode(st);
         let err = |e| node.error(dst_name, Side::Dst, "create temporary for", Reason::Os(e));
+        if node.hidden.is_some() && !node.existed && !st.is_sparse() {
+            let fd = sluice_sys::create_excl_at(node.dst(), dst_name, perm).map_err(err)?;
+            return Ok(Pending {
+                fd,
+                temp: None,
+                placed: Some((node.dst(), dst_name)),
+            });
+        }
         if self.shared.unnamed_ok.load(Relaxed) {
             match sluice_sys::create_unnamed(node.dst(), perm) {
-                Ok(fd) => return Ok(Pending { fd, temp: None }),
+                Ok(fd) => {
+                    return Ok(Pending {
+                        fd,
+                        temp: None,
+                        placed: None,
+                    })
+                }
                 Err(Errno::OPNOTSUPP) | Err(Errno::ISDIR) | Err(Errno::INVAL) => {
                     self.shared.unnamed_ok.store(false, Relaxed)
                 }
@@ -420,6 +449,7 @@ impl Worker {
         Ok(Pending {
             fd,
             temp: Some(TempGuard::new(node.dst(), tmp)),
+            placed: None,
         })
     }
 

@@ -260,6 +260,7 @@ impl JobDesk {
             parent: None,
             shared: sh.clone(),
             shared_out: std::sync::atomic::AtomicBool::new(true),
+            hidden: None,
         });
         sh.ledger.dirs.insert(key, node.clone());
         Ok(node)

@@ -44,7 +44,14 @@ impl Worker {
                 return true;
             }
         };
-        let closer = match plan::existing(st, &dst, &sh.opts.rules()) {
+        // In a new directory an interrupted run was filling, a file may be
+        // cut short under its final name: only size and time both right
+        // (times are set last) say it is complete, whatever the options.
+        let rules = match node.hidden {
+            Some(_) => sh.opts.rules().exact(),
+            None => sh.opts.rules(),
+        };
+        let closer = match plan::existing(st, &dst, &rules) {
             Existing::Keep => {
                 sh.stats.unchanged.fetch_add(1, Relaxed);
                 return true;
@@ -294,6 +301,15 @@ impl Worker {
         let res = stream.for_each(dst, |entry| {
             let name = entry.name;
             if sluice_sys::is_own_temp(name.to_bytes(), dst_id) {
+                if sluice_sys::is_hidden_dir_name(name.to_bytes()) {
+                    // A new directory an interrupted run was filling: its
+                    // SRC directory takes it up, or it goes when this one
+                    // is finished.
+                    if sh.writes() && sh.hide_new_dirs {
+                        sh.ledger.found_hidden(rel, name.to_owned());
+                    }
+                    return true;
+                }
                 // A part of a split job (`--shard`) cannot tell another
                 // part's temporary in use from a leftover: it leaves them
                 // all, or under MPI removes them once every rank is done

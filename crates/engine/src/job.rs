@@ -259,6 +259,7 @@ fn run(
         kernel_copy_ok: AtomicBool::new(opts.reflink != Reflink::Never),
         clone_ok: AtomicBool::new(opts.reflink != Reflink::Never),
         unnamed_ok: AtomicBool::new(true),
+        hide_new_dirs: opts.shard.is_none() && opts.group.is_none(),
         delta_clone_ok: AtomicBool::new(opts.reflink != Reflink::Never),
         pid: std::process::id(),
         tmp_seq: AtomicU64::new(0),
@@ -296,6 +297,7 @@ fn run(
         parent: None,
         shared: shared.clone(),
         shared_out: std::sync::atomic::AtomicBool::new(false),
+        hidden: None,
     });
     shared.ledger.dirs.insert(key, root);
     let first = match roots.single {

@@ -70,6 +70,19 @@ pub struct Rules {
     pub xattrs: bool,
 }
 
+impl Rules {
+    /// These rules without the options that take a file as it is in DST
+    /// (`--size-only`, `--update`, `--ignore-existing`).
+    pub fn exact(self) -> Rules {
+        Rules {
+            size_only: false,
+            update: false,
+            ignore_existing: false,
+            ..self
+        }
+    }
+}
+
 /// What becomes of a source entry whose name DST already has.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Existing {

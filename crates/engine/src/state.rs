@@ -59,6 +59,12 @@ pub(crate) struct Shared {
     pub clone_ok: AtomicBool,
     /// Cleared when DST refuses `O_TMPFILE`.
     pub unnamed_ok: AtomicBool,
+    /// New directories are filled under a temporary name and renamed into
+    /// place when finished, so their files are created under their final
+    /// names (see `Worker::make_dir`). Off where other processes write
+    /// into the same tree (`--shard`, MPI ranks): they name directories by
+    /// path.
+    pub hide_new_dirs: bool,
     /// Cleared after DST refuses to clone an older copy (block-delta).
     pub delta_clone_ok: AtomicBool,
     pub(crate) pid: u32,
@@ -259,6 +265,12 @@ pub(crate) struct Ledger {
     /// Temporaries of earlier runs a part of a split job saw and could not
     /// tell from another part's in use: removed once every part is done.
     leftovers: Mutex<Vec<Extras>>,
+    /// New directories an interrupted run was filling, by the path of the
+    /// directory they are in: a SRC directory of that name takes one up
+    /// and renames it into place; what is left when that directory is
+    /// finished is removed.
+    hidden: Mutex<Vec<(Vec<u8>, CString)>>,
+    any_hidden: AtomicBool,
     replaced: Mutex<Vec<Replacement>>,
 }
 
@@ -268,6 +280,27 @@ impl Ledger {
     pub fn finish_later(&self, node: &DirNode) {
         let later = (node.rel.clone(), node.stat, node.existed);
         self.unfinished.lock().expect("unfinished lock").push(later);
+    }
+
+    /// `name` in DST directory `rel` is a new directory an interrupted run
+    /// was filling.
+    pub fn found_hidden(&self, rel: &[u8], name: CString) {
+        self.any_hidden.store(true, Relaxed);
+        let mut hidden = self.hidden.lock().expect("hidden lock");
+        hidden.push((rel.to_vec(), name));
+    }
+
+    /// What [`Ledger::found_hidden`] found in `rel`.
+    pub fn take_hidden(&self, rel: &[u8]) -> Vec<CString> {
+        if !self.any_hidden.load(Relaxed) {
+            return Vec::new();
+        }
+        let mut hidden = self.hidden.lock().expect("hidden lock");
+        let (mine, rest) = std::mem::take(&mut *hidden)
+            .into_iter()
+            .partition(|(dir, _)| dir == rel);
+        *hidden = rest;
+        mine.into_iter().map(|(_, name)| name).collect()
     }
 
     /// The directories [`Ledger::finish_later`] kept.
@@ -412,6 +445,9 @@ pub(crate) struct DirNode {
     /// [`crate::exchange`]): its mode and times wait for the end of the
     /// job, when no part writes anywhere.
     pub(crate) shared_out: AtomicBool,
+    /// A new directory filled under this name in its parent, renamed to
+    /// its own name when finished (see `Worker::make_dir`).
+    pub(crate) hidden: Option<TempName>,
 }
 
 impl DirNode {
@@ -657,6 +693,20 @@ impl Worker {
 #[derive(Clone, Copy)]
 pub(crate) struct TempName {
     pub(crate) bytes: [u8; 64],
+}
+
+impl TempName {
+    /// The name the new directory `name` has in directory `dir` (its
+    /// identity) while it is filled: the same in every run.
+    pub(crate) fn hidden(dir: (u32, u32, u64), name: &[u8]) -> TempName {
+        let mut bytes = [0u8; 64];
+        sluice_sys::hidden_dir_name(dir, name, &mut bytes);
+        TempName { bytes }
+    }
+
+    pub(crate) fn as_cstr(&self) -> &CStr {
+        CStr::from_bytes_until_nul(&self.bytes).expect("NUL-terminated")
+    }
 }
 
 /// A big file whose chunks are copied by any number of streams at once.

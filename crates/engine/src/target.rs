@@ -37,6 +37,45 @@ pub(crate) fn open_beneath(root: BorrowedFd<'_>, rel: &[u8]) -> Result<OwnedFd, 
     sluice_sys::open_dir_beneath(root, rel)
 }
 
+/// Opens the directory this run calls `rel` below `root`, where some of
+/// the way may still be a new directory filled under a temporary name
+/// (`DirNode::hidden`): a component not found under its own name is
+/// looked for under that one, then once more under its own (renamed into
+/// place meanwhile). Never through a symlink.
+pub(crate) fn open_as_named(root: BorrowedFd<'_>, rel: &[u8]) -> Result<OwnedFd, Errno> {
+    match open_beneath(root, rel) {
+        Err(Errno::NOENT) => {}
+        other => return other,
+    }
+    let mut cur = open_beneath(root, b"")?;
+    for part in rel.split(|&b| b == b'/').filter(|p| !p.is_empty()) {
+        let name = CString::new(part).map_err(|_| Errno::INVAL)?;
+        let next = match sluice_sys::open_dir_at(cur.as_fd(), &name) {
+            Err(Errno::NOENT) => {
+                // The directory's identity, as `tree::dir_id` has it.
+                let st = sluice_sys::stat_fd(cur.as_fd())?;
+                let mut hidden = [0u8; 64];
+                sluice_sys::hidden_dir_name((st.dev.0, st.dev.1, st.ino), part, &mut hidden);
+                let hidden = CStr::from_bytes_until_nul(&hidden).map_err(|_| Errno::INVAL)?;
+                match sluice_sys::open_dir_at(cur.as_fd(), hidden) {
+                    Err(Errno::NOENT) => sluice_sys::open_dir_at(cur.as_fd(), &name),
+                    other => other,
+                }
+            }
+            other => other,
+        };
+        cur = next?;
+    }
+    Ok(cur)
+}
+
+/// Removes `name` in `dir` and, if it is a directory, everything in it:
+/// never through a symlink, never into another file system.
+pub(crate) fn remove_tree_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+    let dev = sluice_sys::stat_fd(dir)?.dev;
+    remove_entry(dir, name, dev, &mut sluice_walk::DirStream::default())
+}
+
 /// Opens the directory `rel` below `root`, creating what is missing of it
 /// (owner-only, as any directory a job creates until it is finished),
 /// never through a symlink. Returns whether the last component existed.
@@ -113,7 +152,7 @@ pub(crate) fn link_beneath(
     to_name: &CStr,
 ) -> Result<(), LinkFailure> {
     let (dir, name) = split_rel(from_rel);
-    let from_dir = open_beneath(root, dir).map_err(LinkFailure::Os)?;
+    let from_dir = open_as_named(root, dir).map_err(LinkFailure::Os)?;
     let name = CString::new(name).map_err(|_| LinkFailure::Os(Errno::INVAL))?;
     sluice_sys::link_at(from_dir.as_fd(), &name, to_dir, to_name).map_err(LinkFailure::Os)?;
     match sluice_sys::stat_at(to_dir, to_name) {

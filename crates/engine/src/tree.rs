@@ -93,8 +93,14 @@ impl DirNode {
                 if node.shared_out.load(Relaxed) {
                     shared.ledger.finish_later(node);
                 } else if let Some(dst) = &node.dst {
+                    // Before its times are set: a removal changes them.
+                    remove_unfinished_new_dirs(node, dst.as_fd());
                     if let Err((op, e)) = finish(shared, dst.as_fd(), &node.stat, node.existed) {
                         shared.fail(node.self_error(Side::Dst, op, Reason::Os(e)));
+                    }
+                    // Even after a failure above: its entries are complete.
+                    if let Err(e) = node.put_in_place() {
+                        shared.fail(node.self_error(Side::Dst, "rename into place", Reason::Os(e)));
                     }
                 }
             }
@@ -102,6 +108,44 @@ impl DirNode {
                 Some(p) => node = p,
                 None => return,
             }
+        }
+    }
+}
+
+impl DirNode {
+    /// Renames a new directory filled under a temporary name
+    /// ([`DirNode::hidden`]) to its own, unless something took that name
+    /// meanwhile (`EEXIST`, reported: the copy stays under the temporary
+    /// name, which the next run removes).
+    fn put_in_place(&self) -> Result<(), sluice_sys::Errno> {
+        let (Some(hidden), Some(parent)) = (&self.hidden, &self.parent) else {
+            return Ok(());
+        };
+        let name = crate::target::split_rel(&self.rel).1;
+        let name = std::ffi::CString::new(name).map_err(|_| sluice_sys::Errno::INVAL)?;
+        sluice_sys::rename_noreplace_at(parent.dst(), hidden.as_cstr(), &name)
+    }
+}
+
+/// Removes the new directories an interrupted run was filling in `node`
+/// that no SRC directory took up (each took up is in place by now: its
+/// children are finished before it).
+fn remove_unfinished_new_dirs(node: &DirNode, dst: BorrowedFd<'_>) {
+    let shared = &node.shared;
+    for name in shared.ledger.take_hidden(&node.rel) {
+        let rel = node.child_rel(&name);
+        match crate::target::remove_tree_at(dst, &name) {
+            Ok(()) => shared.reporter().notice(
+                &shared.full_path(Side::Dst, &rel),
+                "removed a directory an interrupted sluice run had begun",
+            ),
+            Err(sluice_sys::Errno::NOENT) => {}
+            Err(e) => shared.fail(shared.error(
+                Side::Dst,
+                &rel,
+                "remove leftover directory",
+                Reason::Os(e),
+            )),
         }
     }
 }

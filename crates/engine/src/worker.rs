@@ -6,7 +6,7 @@ use crate::options::CopyOptions;
 use crate::plan::{self, Action};
 use crate::shard::Shard;
 use crate::source::Open;
-use crate::state::{DirNode, FileBatch, Listing, Shared, Task, Worker, BATCH};
+use crate::state::{DirNode, FileBatch, Listing, Shared, Task, TempName, Worker, BATCH};
 use sluice_sys::{FileType, Stat};
 use std::ffi::CStr;
 use std::os::fd::{AsFd, OwnedFd};
@@ -168,22 +168,22 @@ impl Worker {
                 return sh.fail(parent.error(name, Side::Src, "open directory", Reason::Os(e)))
             }
         };
-        let (dst, existed) = if sh.opts.dry_run {
+        let (dst, existed, hidden) = if sh.opts.dry_run {
             // Only looks: an existing DST directory is opened to compare with.
             match parent
                 .dst
                 .as_ref()
                 .map(|d| sluice_sys::open_dir_at(d.as_fd(), name))
             {
-                Some(Ok(fd)) => (Some(fd), true),
-                _ => (None, false),
+                Some(Ok(fd)) => (Some(fd), true, None),
+                _ => (None, false, None),
             }
         } else if sh.checking() {
             let rel = parent.child_rel(name);
             match sluice_sys::open_dir_at(parent.dst(), name) {
                 Ok(fd) => {
                     self.check_dir_meta(&rel, &st, fd.as_fd());
-                    (Some(fd), true)
+                    (Some(fd), true, None)
                 }
                 Err(sluice_sys::Errno::NOENT) => {
                     return sh.differs(Side::Src, &rel, "missing in DST");
@@ -198,7 +198,7 @@ impl Worker {
         } else {
             self.doing(Activity::Write);
             match self.make_dir(parent, name) {
-                Ok((fd, existed)) => (Some(fd), existed),
+                Ok((fd, existed, hidden)) => (Some(fd), existed, hidden),
                 Err(err) => return self.shared.fail(err),
             }
         };
@@ -239,10 +239,12 @@ impl Worker {
                 self.shared.fail(err);
             }
         }
-        if !existed || self.shared.checking() {
+        // One an interrupted run began is new to DST's readers too.
+        let new = !existed || hidden.is_some();
+        if new || self.shared.checking() {
             self.shared.stats.dirs_created.fetch_add(1, Relaxed);
         }
-        if !existed && !self.shared.checking() {
+        if new && !self.shared.checking() {
             let rel = || {
                 let mut rel = parent.child_rel(name);
                 rel.push(b'/');
@@ -277,6 +279,7 @@ impl Worker {
             parent: Some(parent.clone()),
             shared: self.shared.clone(),
             shared_out: std::sync::atomic::AtomicBool::new(false),
+            hidden,
         });
         self.shared.ledger.dirs.insert(key, node.clone());
         if descend {
@@ -286,15 +289,44 @@ impl Worker {
     }
 
     /// Creates (or finds) a directory in DST and opens it. Returns whether
-    /// it existed before. A non-directory in the way is replaced, as any
+    /// it existed before, and for a new one the temporary name it is
+    /// filled under. A non-directory in the way is replaced, as any
     /// differing entry is; a symlink there is never followed.
+    ///
+    /// A new directory is made under a temporary name (the same in every
+    /// run: an interrupted run's is taken up again, and its entries
+    /// compared as in any existing directory) and renamed to its own name
+    /// when finished ([`DirNode::release`]). Until then nothing in it has
+    /// a final path, so its files are created under their own names, not
+    /// unnamed and linked: ext4 then skips a link, the orphan list and a
+    /// lookup per file (dense set: 8-10% less time, see design notes 21).
     fn make_dir(
         &self,
         parent: &DirNode,
         name: &CStr,
-    ) -> Result<(OwnedFd, bool), crate::EntryError> {
+    ) -> Result<(OwnedFd, bool, Option<TempName>), crate::EntryError> {
         use sluice_sys::Errno;
         let err = |op, e| parent.error(name, Side::Dst, op, Reason::Os(e));
+        if self.shared.hide_new_dirs {
+            match sluice_sys::open_dir_at(parent.dst(), name) {
+                Ok(fd) => return Ok((fd, true, None)),
+                Err(Errno::NOENT) => {
+                    let hidden = TempName::hidden(parent.dst_id, name.to_bytes());
+                    let existed = match sluice_sys::mkdir_at(parent.dst(), hidden.as_cstr(), 0o700)
+                    {
+                        Ok(()) => false,
+                        Err(Errno::EXIST) => true,
+                        Err(e) => return Err(err("mkdir", e)),
+                    };
+                    let fd = sluice_sys::open_dir_at(parent.dst(), hidden.as_cstr())
+                        .map_err(|e| err("open directory", e))?;
+                    return Ok((fd, existed, Some(hidden)));
+                }
+                // Not a directory: replaced below, as without hiding.
+                Err(Errno::NOTDIR | Errno::LOOP) => {}
+                Err(e) => return Err(err("open directory", e)),
+            }
+        }
         // Created owner-only, so nobody sees its contents before its real
         // mode is applied when it is finished.
         let existed = match sluice_sys::mkdir_at(parent.dst(), name, 0o700) {
@@ -305,13 +337,13 @@ impl Worker {
         // O_NOFOLLOW|O_DIRECTORY: a symlink or file in the way is never a
         // way out of DST.
         match sluice_sys::open_dir_at(parent.dst(), name) {
-            Ok(fd) => Ok((fd, existed)),
+            Ok(fd) => Ok((fd, existed, None)),
             Err(Errno::NOTDIR | Errno::LOOP) if existed => {
                 sluice_sys::unlink_at(parent.dst(), name).map_err(|e| err("replace", e))?;
                 sluice_sys::mkdir_at(parent.dst(), name, 0o700).map_err(|e| err("mkdir", e))?;
                 let fd = sluice_sys::open_dir_at(parent.dst(), name)
                     .map_err(|e| err("open directory", e))?;
-                Ok((fd, false))
+                Ok((fd, false, None))
             }
             Err(e) => Err(err("open directory", e)),
         }

@@ -406,6 +406,35 @@ pub fn temp_tag(dir: (u32, u32, u64), pid: u64, seq: u64) -> u64 {
     h
 }
 
+/// The first field of a new directory's name while it is filled (see
+/// [`hidden_dir_name`]): no process has this pid.
+const HIDDEN_PID: u64 = 0;
+
+/// The name a new directory has while it is being filled, before it is
+/// renamed to `name` in the directory identified by `dir`. The same for
+/// every run, so an interrupted run's directory is found and filled on:
+/// `.sluice-0-<hash of name>-<tag>.tmp`, a temporary's shape (tagged as
+/// any, so it is provably sluice's) with pid 0. Writes a NUL-terminated
+/// name into `out`.
+pub fn hidden_dir_name(dir: (u32, u32, u64), name: &[u8], out: &mut [u8; 64]) {
+    use std::io::Write;
+    // FNV-1a over the name, then one SplitMix round via the tag.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in name {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let h = temp_tag((0, 0, 0), HIDDEN_PID, h);
+    let tag = temp_tag(dir, HIDDEN_PID, h);
+    let mut cur = &mut out[..];
+    let _ = write!(cur, ".sluice-{HIDDEN_PID:x}-{h:x}-{tag:x}.tmp\0");
+}
+
+/// Whether `name` has the shape of a new directory's name while it is
+/// filled ([`hidden_dir_name`]); [`is_own_temp`] says whether it is ours.
+pub fn is_hidden_dir_name(name: &[u8]) -> bool {
+    is_temp_name(name) && name.starts_with(b".sluice-0-")
+}
+
 /// Whether `name` is a temporary sluice created in the directory
 /// identified by `dir`: its tag matches.
 pub fn is_own_temp(name: &[u8], dir: (u32, u32, u64)) -> bool {
@@ -443,6 +472,14 @@ pub fn rename_at(
     one(from)?;
     one(to)?;
     rustix::fs::renameat(dir, from, to_dir, to)
+}
+
+/// Renames `from` to `to` in `dir` only if `to` does not exist
+/// (`RENAME_NOREPLACE`): `EEXIST` if it does.
+pub fn rename_noreplace_at(dir: BorrowedFd<'_>, from: &CStr, to: &CStr) -> Result<()> {
+    one(from)?;
+    one(to)?;
+    rustix::fs::renameat_with(dir, from, dir, to, rustix::fs::RenameFlags::NOREPLACE)
 }
 
 /// Removes a non-directory entry.
@@ -824,6 +861,24 @@ pub fn redirect_stdout(fd: BorrowedFd<'_>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::{is_own_temp, is_temp_name, temp_tag};
+
+    #[test]
+    fn hidden_dir_names_are_own_temporaries_and_stable() {
+        let name_of = |dir, name: &[u8]| {
+            let mut out = [0u8; 64];
+            super::hidden_dir_name(dir, name, &mut out);
+            let end = out.iter().position(|&b| b == 0).unwrap();
+            out[..end].to_vec()
+        };
+        let a = name_of((8, 1, 42), b"photos");
+        assert_eq!(a, name_of((8, 1, 42), b"photos"));
+        assert_ne!(a, name_of((8, 1, 42), b"photoz"));
+        assert_ne!(a, name_of((8, 1, 43), b"photos"));
+        assert!(is_temp_name(&a) && super::is_hidden_dir_name(&a));
+        assert!(is_own_temp(&a, (8, 1, 42)));
+        assert!(!is_own_temp(&a, (8, 1, 43)));
+        assert!(!super::is_hidden_dir_name(b".sluice-1a2b-0-ff.tmp"));
+    }
 
     #[test]
     fn temp_names_are_recognised_exactly() {
