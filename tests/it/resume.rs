@@ -7,17 +7,21 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+/// Whether `rel` is a temporary or inside one (a new directory still
+/// being filled): it has no final path.
+fn under_temporary(rel: &Path) -> bool {
+    rel.components()
+        .any(|c| c.as_os_str().to_string_lossy().starts_with(".sluice-"))
+}
+
 /// Every regular file under a final path in `dst` equals its source:
 /// whatever an interruption left, nothing is torn. A temporary, or
 /// anything in a new directory still filled under a temporary name, has
 /// no final path.
 fn assert_nothing_torn(src: &Path, dst: &Path) {
     for rel in entries(dst) {
-        let temporary = rel
-            .components()
-            .any(|c| c.as_os_str().to_string_lossy().starts_with(".sluice-"));
         let d = dst.join(&rel);
-        if temporary || !fs::symlink_metadata(&d).unwrap().is_file() {
+        if under_temporary(&rel) || !fs::symlink_metadata(&d).unwrap().is_file() {
             continue;
         }
         assert!(
@@ -132,10 +136,7 @@ fn assert_dirs_whole(src: &Path, dst: &Path) {
     };
     for rel in entries(dst) {
         let d = dst.join(&rel);
-        let temporary = rel
-            .components()
-            .any(|c| c.as_os_str().to_string_lossy().starts_with(".sluice-"));
-        if temporary || !fs::symlink_metadata(&d).unwrap().is_dir() {
+        if under_temporary(&rel) || !fs::symlink_metadata(&d).unwrap().is_dir() {
             continue;
         }
         assert_eq!(
