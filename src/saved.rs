@@ -4,7 +4,7 @@
 //! the share behind them), not to one directory: a saved probe applies to
 //! any later job from SRC's file system to DST's. It is found by the exact
 //! pair of directories first, then by the pair of devices, newest first.
-//! `-j auto` starts from it instead of 8 streams (and tunes on from
+//! `-j auto` starts from it instead of 16 streams (and tunes on from
 //! there), and a saved chunk size replaces the default unless
 //! `--chunk-size` is given. `-j N` ignores it.
 //!

@@ -271,8 +271,11 @@ fn a_changed_big_file_is_cloned_and_patched_where_dst_can_clone() {
     scribble(&src.join("big.bin"), 30 * MIB, 4096);
     let out = sync(&src, &dst, &["--chunk-size", "1M", "--json"]);
     ok(&out);
-    // two 1 MiB chunks differ; nothing else is written
-    assert_eq!(summary(&out)["bytes_copied"], 2 * MIB);
+    // Two 1 MiB chunks differ; nothing else is written. Within a chunk
+    // the comparison goes buffer by buffer, and a stream's buffer shrinks
+    // as more streams share the pool, so less than the chunk may be.
+    let copied = summary(&out)["bytes_copied"].as_u64().unwrap();
+    assert!((8192..=2 * MIB).contains(&copied), "{copied} bytes written");
     assert_same_tree(&src, &dst);
     assert_ne!(fs::metadata(dst.join("big.bin")).unwrap().ino(), old_ino);
     assert_no_temporaries(&dst);
@@ -301,7 +304,13 @@ fn inplace_patches_only_what_differs_and_default_copies_whole() {
     set_mtime(&src.join("big.bin"), 1_750_000_000, 1);
     let out = sync(&src, &dst, &["--chunk-size", "1M", "--inplace", "--json"]);
     ok(&out);
-    assert_eq!(summary(&out)["bytes_copied"], MIB + (100 << 10));
+    // One chunk differs, or a buffer's worth of it (see above), and the
+    // 100 KiB it grew by.
+    let copied = summary(&out)["bytes_copied"].as_u64().unwrap();
+    assert!(
+        ((100 << 10) + 100..=MIB + (100 << 10)).contains(&copied),
+        "{copied} bytes written"
+    );
     assert_same_tree(&src, &dst);
     assert_eq!(fs::metadata(dst.join("big.bin")).unwrap().ino(), ino);
     // The default on a file system that cannot clone: the whole file.

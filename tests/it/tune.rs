@@ -92,7 +92,10 @@ fn auto_holds_still_when_the_cpus_are_the_limit() {
         ok(&out);
         let steps = trace(&summary(&out));
         eprintln!("run {run}: streams {steps:?}");
-        assert!(steps.iter().all(|&s| s <= 8), "added streams: {steps:?}");
+        assert!(
+            steps.iter().all(|&s| s <= steps[0]),
+            "added streams: {steps:?}"
+        );
         assert_eq!(entries(&dst).len(), 150_150);
         std::fs::remove_dir_all(&dst).unwrap();
     }
