@@ -267,7 +267,8 @@ def render(results):
                   f"creating 1 KiB files from 8 threads: {d['create_1k_files_per_s']:.0f} files/s.", ""]
     for shape, s in results["shapes"].items():
         rows = s["rows"]
-        peers = [r for r in rows if r["tool"] != "sluice" and r["ok"]]
+        # "sluice before" (SLUICE_BEFORE) is an earlier build, not a peer.
+        peers = [r for r in rows if not r["tool"].startswith("sluice") and r["ok"]]
         best = min((r["seconds"] for r in peers), default=None)
         lines += [f"## {shape}: {s['files']} files, {s['bytes'] / 2**30:.2f} GiB", "",
                   "| tool | median s | all runs s | files/s | MB/s | max RSS MiB | speed vs best peer |",
