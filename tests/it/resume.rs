@@ -38,43 +38,47 @@ fn a_killed_big_copy_resumes_with_only_the_chunks_in_flight() {
         eprintln!("skipped: strace is not installed");
         return;
     }
-    let t = disk_dir("resume-big");
-    let src = t.path().join("src");
-    let size = 48u64 << 20;
-    write(&src.join("big.bin"), &bytes(size as usize, 7));
-    let dst = t.path().join("dst");
-    let jobs = 2;
-    let args = ["--chunk-size", "1M", "-j", "2", "--reflink", "never"];
-    // strace logs every pwrite64 and kills sluice at the 150th (the journal
-    // writes with pwrite64 too, about 5 per commit). Each 1 MiB chunk is one pwrite64 of
-    // exactly 1048576 bytes, so the log says how many chunks had landed.
-    let log = t.path().join("strace.log");
-    let (killed, landed) = copy_killed_at_write(150, &log, &src, &dst, &args);
-    assert_ne!(code(&killed), 0, "not killed: {}", stderr(&killed));
-    assert!(
-        landed >= 4,
-        "only {landed} chunks landed; the set-up is wrong"
-    );
-    assert!(
-        dst.join(".sluice-journal.redb").exists(),
-        "no journal after the kill"
-    );
-    assert_only_resume_state(&dst);
-    assert!(!dst.join("big.bin").exists());
-    let mut json_args = args.to_vec();
-    json_args.push("--json");
-    let out = copy(&src, &dst, &json_args);
-    ok(&out);
-    let copied = summary(&out)["bytes_copied"].as_u64().unwrap();
-    // Guarantee 2: of the chunks that had landed, at most one per stream
-    // is copied again.
-    let allowed = size - (landed - jobs) * (1 << 20);
-    assert!(
-        copied <= allowed,
-        "resumed run copied {copied} bytes; {landed} of 48 chunks had landed, so at most {allowed}"
-    );
-    assert_same_tree(&src, &dst);
-    assert_no_temporaries(&dst);
+    // At DST's root, and two new directories down (filled under a
+    // temporary name when killed, taken up by the rerun).
+    for (case, rel) in ["big.bin", "sub/deeper/big.bin"].into_iter().enumerate() {
+        let t = disk_dir(&format!("resume-big{case}"));
+        let src = t.path().join("src");
+        let size = 48u64 << 20;
+        write(&src.join(rel), &bytes(size as usize, 7));
+        let dst = t.path().join("dst");
+        let jobs = 2;
+        let args = ["--chunk-size", "1M", "-j", "2", "--reflink", "never"];
+        // strace logs every pwrite64 and kills sluice at the 150th (the journal
+        // writes with pwrite64 too, about 5 per commit). Each 1 MiB chunk is one pwrite64 of
+        // exactly 1048576 bytes, so the log says how many chunks had landed.
+        let log = t.path().join("strace.log");
+        let (killed, landed) = copy_killed_at_write(150, &log, &src, &dst, &args);
+        assert_ne!(code(&killed), 0, "not killed: {}", stderr(&killed));
+        assert!(
+            landed >= 4,
+            "{rel}: only {landed} chunks landed; the set-up is wrong"
+        );
+        assert!(
+            dst.join(".sluice-journal.redb").exists(),
+            "{rel}: no journal after the kill"
+        );
+        assert_only_resume_state(&dst);
+        assert!(!dst.join(rel).exists());
+        let mut json_args = args.to_vec();
+        json_args.push("--json");
+        let out = copy(&src, &dst, &json_args);
+        ok(&out);
+        let copied = summary(&out)["bytes_copied"].as_u64().unwrap();
+        // Guarantee 2: of the chunks that had landed, at most one per stream
+        // is copied again.
+        let allowed = size - (landed - jobs) * (1 << 20);
+        assert!(
+            copied <= allowed,
+            "{rel}: resumed run copied {copied} bytes; {landed} of 48 chunks had landed, so at most {allowed}"
+        );
+        assert_same_tree(&src, &dst);
+        assert_no_temporaries(&dst);
+    }
 }
 
 #[test]
