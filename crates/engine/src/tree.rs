@@ -123,7 +123,16 @@ impl DirNode {
         };
         let name = crate::target::split_rel(&self.rel).1;
         let name = std::ffi::CString::new(name).map_err(|_| sluice_sys::Errno::INVAL)?;
-        sluice_sys::rename_noreplace_at(parent.dst(), hidden.as_cstr(), &name)
+        let dir = parent.dst();
+        match sluice_sys::rename_noreplace_at(dir, hidden.as_cstr(), &name) {
+            // A file system without RENAME_NOREPLACE (some network and
+            // FUSE ones): a plain rename, which cannot replace a file or a
+            // directory with entries either, only an empty directory.
+            Err(sluice_sys::Errno::INVAL | sluice_sys::Errno::NOSYS) => {
+                sluice_sys::rename_at(dir, hidden.as_cstr(), dir, &name)
+            }
+            other => other,
+        }
     }
 }
 
