@@ -175,7 +175,7 @@ def main():
         "pairs": {}}
     scratch = bench.Scratch(os.path.join(a.data, "scratch-dst.img"), 40)
     try:
-        for shape in a.shapes.split(","):
+        for shape in filter(None, a.shapes.split(",")):
             data = os.path.realpath(bench.dataset(os.path.join(a.data, shape), shape))
             files, nbytes = bench.tree_size(data)
             for source in a.sources.split(","):
