@@ -13,7 +13,6 @@ Writes bench/results/mem-<date>.md and .json.
 """
 import argparse
 import datetime
-import json
 import os
 import sys
 
@@ -64,7 +63,6 @@ def main():
     finally:
         scratch.close()
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M%S")
-    out = os.path.join(bench.ROOT, "bench", "results", f"mem-{stamp}")
     L = [f"# Memory against speed ({stamp})", "",
          f"Machine: {os.cpu_count()} cores. Fresh ext4 on a loop device per run, page cache",
          f"dropped, median of {a.repeat} interleaved rounds.", ""]
@@ -75,8 +73,7 @@ def main():
             build, j = key.split("|")
             L.append(f"| {j} | {build} | {median([x[0] for x in xs])} | {median([x[1] for x in xs])} |")
         L.append("")
-    open(out + ".md", "w").write("\n".join(L))
-    json.dump(res, open(out + ".json", "w"), indent=1)
+    bench.save(res, stamp, name="mem-", render_fn=lambda _: "\n".join(L))
     print("\n".join(L))
 
 

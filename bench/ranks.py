@@ -165,7 +165,6 @@ def main():
     finally:
         scratch.close()
     stamp = datetime.datetime.now().strftime("%Y-%m-%d-%H%M%S")
-    out = os.path.join(bench.ROOT, "bench", "results", f"ranks-{stamp}")
     L = [f"# MPI ranks and --shard against one process ({stamp})", "",
          f"Machine: {os.cpu_count()} cores, {platform_line()}. Each run onto a fresh ext4 on a loop",
          "device, page cache dropped, median of the interleaved rounds.", ""]
@@ -197,8 +196,7 @@ def main():
             per = "; ".join(f"{r['files_copied']}, {r['bytes_copied'] >> 20}" for r in row["ranks"])
             L.append(f"| {k} | {row['seconds']} | {per} |")
         L.append("")
-    open(out + ".md", "w").write("\n".join(L))
-    json.dump(res, open(out + ".json", "w"), indent=1)
+    bench.save(res, stamp, name="ranks-", render_fn=lambda _: "\n".join(L))
     print("\n".join(L))
 
 

@@ -18,8 +18,7 @@ pub(crate) const ACL_ACCESS: &CStr = c"system.posix_acl_access";
 pub(crate) type LinkKey = (u32, u32, u64);
 
 pub(crate) fn link_key(st: &Stat) -> Option<LinkKey> {
-    (st.nlink > 1 && st.file_type() == FileType::RegularFile)
-        .then_some((st.dev.0, st.dev.1, st.ino))
+    (st.nlink > 1 && st.file_type() == FileType::RegularFile).then(|| st.identity())
 }
 
 impl Worker {

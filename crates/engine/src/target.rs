@@ -52,10 +52,9 @@ pub(crate) fn open_as_named(root: BorrowedFd<'_>, rel: &[u8]) -> Result<OwnedFd,
         let name = CString::new(part).map_err(|_| Errno::INVAL)?;
         let next = match sluice_sys::open_dir_at(cur.as_fd(), &name) {
             Err(Errno::NOENT) => {
-                // The directory's identity, as `tree::dir_id` has it.
-                let st = sluice_sys::stat_fd(cur.as_fd())?;
+                let id = sluice_sys::stat_fd(cur.as_fd())?.identity();
                 let mut hidden = [0u8; 64];
-                sluice_sys::hidden_dir_name((st.dev.0, st.dev.1, st.ino), part, &mut hidden);
+                sluice_sys::hidden_dir_name(id, part, &mut hidden);
                 let hidden = CStr::from_bytes_until_nul(&hidden).map_err(|_| Errno::INVAL)?;
                 match sluice_sys::open_dir_at(cur.as_fd(), hidden) {
                     Err(Errno::NOENT) => sluice_sys::open_dir_at(cur.as_fd(), &name),

@@ -181,7 +181,7 @@ impl DstFacts {
         match (dst, st) {
             (Some(dst), Some(st)) => DstFacts {
                 creates_as: (st.mode & 0o2000 == 0).then(sluice_sys::effective_ids),
-                id: dir_id(&st),
+                id: st.identity(),
                 default_acl: sluice_sys::has_xattr(dst.as_fd(), crate::meta::ACL_DEFAULT),
             },
             _ => DstFacts {
@@ -191,9 +191,4 @@ impl DstFacts {
             },
         }
     }
-}
-
-/// A directory's identity (device, inode): what tags its temporaries.
-pub(crate) fn dir_id(st: &Stat) -> (u32, u32, u64) {
-    (st.dev.0, st.dev.1, st.ino)
 }

@@ -219,7 +219,7 @@ impl Worker {
         };
         if let (Some(dst), Some(dst_st)) = (&dst, &dst_st) {
             let rel = parent.child_rel(name);
-            let id = crate::tree::dir_id(dst_st);
+            let id = dst_st.identity();
             if existed
                 && descend_existing
                 && !self.scan_existing(&rel, &src, dst.as_fd(), id, &st, true)
@@ -308,7 +308,12 @@ impl Worker {
         use sluice_sys::Errno;
         let err = |op, e| parent.error(name, Side::Dst, op, Reason::Os(e));
         if self.shared.hide_new_dirs {
-            match sluice_sys::open_dir_at(parent.dst(), name) {
+            // A directory this run made has nothing under a name yet.
+            let found = match parent.existed {
+                true => sluice_sys::open_dir_at(parent.dst(), name),
+                false => Err(Errno::NOENT),
+            };
+            match found {
                 Ok(fd) => return Ok((fd, true, None)),
                 Err(Errno::NOENT) => {
                     let hidden = TempName::hidden(parent.dst_id, name.to_bytes());

@@ -49,6 +49,12 @@ pub struct Stat {
 }
 
 impl Stat {
+    /// The inode's identity: device (major, minor) and inode number. What
+    /// tags a directory's temporaries and keys a hard-link group.
+    pub fn identity(&self) -> (u32, u32, u64) {
+        (self.dev.0, self.dev.1, self.ino)
+    }
+
     /// The file type bits of `mode`.
     pub fn file_type(&self) -> FileType {
         FileType::from_raw_mode(self.mode)
