@@ -11,10 +11,14 @@
 //!   nearly in proportion (a share with latency to hide). Its last step is
 //!   kept unless it made things worse, since windows this early are noisy;
 //!   one that made things worse tries the middle before going back.
-//! * After it, windows are a second long. A step up must gain by a tenth or
-//!   more, and by more than the noise between windows at one target, or it
-//!   is taken back exactly; a flat response holds, looking upward now and
-//!   then, since a job changes from small files to chunks and back.
+//! * After it, windows are a second long, and the count held is compared
+//!   now and then with another ([`Look`]): first with the count the climb's
+//!   last step came from, then with half and twice as many, down and up in
+//!   turn, windows at each taken in turn until the mean difference stands
+//!   out of the noise (or eight pairs say it does not: the count stays).
+//!   A look that finds nothing better doubles the wait before the next
+//!   that way (6 windows to 64), so a long job spends most of its time at
+//!   its count, yet follows its work as it changes.
 //! * No step goes up while the process uses 95% of the cores ([`BUSY`]).
 //! * A step whose new streams mostly waited for work (the walk behind) is
 //!   measured once more before it is judged.
@@ -96,16 +100,30 @@ impl Gate {
     }
 }
 
+/// Windows held at one count, once the first climb is over, before the
+/// first look down or up from it; each look that finds nothing better
+/// doubles the wait in its direction, up to [`MAX_WAIT`].
+const FIRST_WAIT: u32 = 6;
+const MAX_WAIT: u32 = 64;
+
+/// A look at another count ends, undecided, after this many pairs of
+/// windows: by then the difference is within the noise, and the count
+/// held stays.
+const MAX_PAIRS: usize = 8;
+
+/// What the extra streams must be shown to buy, as the log of a ratio
+/// (0.04: 4%), for a look to keep them.
+const EARN: f64 = 0.04;
+
 /// The hill climber's state; pure, so its decisions are tested alone.
 #[derive(Debug)]
 pub struct Climb {
     pub target: usize,
     max: usize,
-    /// +1 or -1.
+    /// +1 or -1: the first climb's direction, then the next look's.
     dir: i32,
     factor: f64,
     last: Option<f64>,
-    flat: u32,
     /// The target before the last move, to return to exactly.
     before: usize,
     /// The target the last score was measured at.
@@ -126,9 +144,89 @@ pub struct Climb {
     pub idle: f64,
     /// The last step up was measured again, its first window inconclusive.
     retried: bool,
-    /// The fewest streams seen doing no better than fewer: steps up stay
-    /// below it until a periodic look upward forgets it.
+    /// The fewest streams seen doing no better than fewer: the first
+    /// climb's steps up stay below it.
     bad: Option<usize>,
+    /// Past the first climb: the look at another count under way.
+    look: Option<Look>,
+    /// Windows held since the last look ended.
+    held: u32,
+    /// Windows to hold before the next look down ([0]) and up ([1]).
+    wait: [u32; 2],
+    /// The count the first climb started from: the first look down goes
+    /// back there. Its steps were judged on one or two short windows, and
+    /// the last kept unless it hurt; a look at half the count would miss a
+    /// climb from 16 to 64 that cost 10% (a long job from disk), each
+    /// half of it within the noise.
+    came_from: Option<usize>,
+}
+
+/// Past the first climb, the held count (`home`) is compared with half or
+/// twice as many (`other`) in windows taken in turn, home, other | other,
+/// home | home, other ..., so that a drift in the work weighs on both
+/// alike and only every second window follows a change. Each pair gives
+/// the log of the ratio "more streams / fewer streams"; the look ends as
+/// soon as the mean of those, give or take twice its standard error,
+/// says whether the extra streams buy [`EARN`] or not.
+///
+/// One-second windows of the mixed set from disk differ by 15-30% at one
+/// count, so a 10% difference takes several pairs to show; judging it on
+/// one window each (as the first climb must, to be quick) walked the count
+/// on noise, and not looking at all left a 20-second job at 64 streams
+/// where 16 were 12% faster.
+#[derive(Debug, Clone)]
+struct Look {
+    home: usize,
+    other: usize,
+    /// ln(score with more streams / score with fewer), one per pair.
+    gains: Vec<f64>,
+    /// The first window of the pair under way: its score, whether it was
+    /// at `other`, and the share of time its streams waited for work.
+    first: Option<(f64, bool, f64)>,
+    /// Pairs left out because the larger count's streams had no work.
+    skipped: u32,
+}
+
+#[derive(Debug, PartialEq)]
+enum Verdict {
+    More,
+    Fewer,
+    Home,
+    Open,
+}
+
+impl Look {
+    /// `spread`: the expected spread of one pair's gain, from the windows
+    /// held at one count before the look (their noise); the pairs' own
+    /// spread takes over as they come in.
+    fn verdict(&self, spread: f64) -> Verdict {
+        let n = self.gains.len() as f64;
+        if n == 0.0 {
+            return Verdict::Open;
+        }
+        let mean = self.gains.iter().sum::<f64>() / n;
+        let squares: f64 = self.gains.iter().map(|g| (g - mean).powi(2)).sum();
+        // A few pairs that happen to agree say little of the spread: the
+        // noise measured while holding is the floor. 2.5 standard errors,
+        // not 2, since the verdict is asked after every pair.
+        let sample = if n > 1.0 {
+            (squares / (n - 1.0)).sqrt()
+        } else {
+            0.0
+        };
+        let error = 2.5 * spread.max(sample).max(0.025) / n.sqrt();
+        if mean - error > 0.0 && mean > EARN / 2.0 {
+            Verdict::More
+        } else if mean + error < EARN {
+            Verdict::Fewer
+        } else if self.gains.len() >= MAX_PAIRS {
+            // Within the noise: stay. Deciding by the larger mean walked
+            // a flat curve up and down on nothing.
+            Verdict::Home
+        } else {
+            Verdict::Open
+        }
+    }
 }
 
 impl Climb {
@@ -137,6 +235,14 @@ impl Climb {
         self.max = max.max(1);
         self.target = self.target.min(self.max);
         self.before = self.before.min(self.max);
+        if self
+            .look
+            .as_ref()
+            .is_some_and(|l| l.home.max(l.other) > self.max)
+        {
+            self.look = None;
+            self.held = 0;
+        }
     }
 
     /// Starts again at `n`, forgetting the last measurement (it was taken
@@ -146,15 +252,23 @@ impl Climb {
         self.before = self.target;
         self.measured_at = self.target;
         self.last = None;
-        self.flat = 0;
+        self.look = None;
+        self.held = 0;
     }
 
-    /// A climber that tries fewer first: for the chunk limit, where
-    /// streams not needed by big files are worth more to small ones.
+    /// True while another count is being compared with the held one.
+    pub fn looking(&self) -> bool {
+        self.look.is_some()
+    }
+
+    /// A climber that tries fewer first, without a climb: for the chunk
+    /// limit, where streams not needed by big files are worth more to
+    /// small ones. It looks down after two windows (one measure of noise).
     pub fn descending(start: usize, max: usize) -> Climb {
         Climb {
             dir: -1,
             rising: false,
+            wait: [2, FIRST_WAIT],
             ..Climb::new(start, max)
         }
     }
@@ -166,7 +280,6 @@ impl Climb {
             dir: 1,
             factor: 2.0,
             last: None,
-            flat: 0,
             before: start.clamp(1, max),
             headroom: f64::INFINITY,
             rising: true,
@@ -175,35 +288,51 @@ impl Climb {
             bad: None,
             measured_at: start.clamp(1, max),
             noise: None,
+            look: None,
+            held: 0,
+            wait: [FIRST_WAIT; 2],
+            came_from: Some(start.clamp(1, max)),
         }
     }
 
     /// Takes the throughput measured at the current target; returns the
-    /// next target. More streams must earn their keep: a step up that
+    /// next target: by the first climb's rules while it lasts, then by
+    /// looks at half and twice the held count ([`Look`]).
+    pub fn step(&mut self, score: f64) -> usize {
+        if !self.rising {
+            return self.settled(score);
+        }
+        let next = self.climb(score);
+        if !self.rising {
+            // The climb may have overshot (its last step is kept unless it
+            // hurt): the first look is down.
+            self.dir = -1;
+            self.held = 0;
+        }
+        next
+    }
+
+    /// The first climb. More streams must earn their keep: a step up that
     /// gained nothing is taken back (they would only hold memory and
-    /// contend), a step down that lost nothing is kept.
+    /// contend).
     ///
     /// "Gained" means beyond the measurements' own noise: at least 10%,
     /// and at least 2.5 times the typical change between two seconds at
     /// the same target. On the huge file, where a second holds a few
     /// 64 MiB chunks, seconds differ by 10-20% on their own, and a fixed
     /// 10% let the climber drift to 50 streams on lucky seconds.
-    pub fn step(&mut self, score: f64) -> usize {
+    fn climb(&mut self, score: f64) -> usize {
         let moved = self.target != self.measured_at;
         self.measured_at = self.target;
         let Some(last) = self.last.replace(score) else {
             return self.move_on();
         };
-        if !moved && last > 0.0 {
-            let change = (score / last - 1.0).abs();
-            self.noise = Some(self.noise.map_or(change, |n| 0.7 * n + 0.3 * change));
-        }
+        self.note_noise(moved, last, score);
         let margin = 1.0 + self.threshold();
         // Two windows at the same target differ by noise or because the
         // work changed, not by anything a step did: no cause to move on.
         let gained = moved && score > last * margin;
-        let doubtful = self.idle > 0.25 || self.rising;
-        if moved && !gained && self.dir > 0 && doubtful && !self.retried {
+        if moved && !gained && !self.retried {
             // The streams just added mostly waited for work: the walk had
             // not found enough yet (on a share, the first half second),
             // which says nothing of what they can do. Or the first climb's
@@ -217,35 +346,31 @@ impl Climb {
             return self.target;
         }
         self.retried = false;
-        let first_climb = self.rising;
-        self.rising &= gained;
+        self.rising = gained;
         let worse = moved && score * margin < last;
         if gained {
-            self.flat = 0;
             // A step up that paid nearly in proportion (doubling the
             // streams gave +60% or more: a target with latency to hide)
             // is followed by a bigger one; the climb to 64 streams took 4
             // of a 10-second job's seconds on the 1 ms share.
             let ratio = self.target as f64 / self.before.max(1) as f64;
-            if self.dir > 0 && ratio >= 1.5 && score > last * (1.0 + 0.6 * (ratio - 1.0)) {
+            if ratio >= 1.5 && score > last * (1.0 + 0.6 * (ratio - 1.0)) {
                 self.factor = (self.factor * 2.0).min(4.0);
             }
             self.move_on()
-        } else if self.dir > 0 && self.target != self.before && first_climb && !worse {
-            // The first climb's last step neither paid nor hurt: keep it
-            // and hold. Windows this early are noisy (the walk is starting,
-            // big and small files alternate), and on every pair measured
-            // more streams were as fast or faster until the CPU ran out:
-            // taking such steps back left the mixed set from disk at 8-16
-            // streams, 13% slower than 32. Later steps up must pay.
-            self.flat = 0;
+        } else if self.target != self.before && !worse {
+            // The first climb's last step neither paid nor hurt: keep it,
+            // for the looks that follow to judge. Windows this early are
+            // noisy (the walk is starting, big and small files alternate),
+            // and on every pair measured more streams were as fast or
+            // faster until the CPU ran out: taking such steps back left
+            // the mixed set from disk at 8-16 streams, 13% slower than 32.
             self.before = self.target;
             self.target
-        } else if self.dir > 0 && self.target != self.before {
-            self.flat = 0;
+        } else if self.target != self.before {
             self.bad = Some(self.bad.map_or(self.target, |b| b.min(self.target)));
             let (from, to) = (self.before, self.target);
-            if to >= 3 * from && first_climb {
+            if to >= 3 * from {
                 // A big step (idle cores suggested it) overshot: try the
                 // middle before settling back, against the same baseline.
                 // A huge file from tmpfs gained 15% at 16 streams over 8
@@ -256,80 +381,172 @@ impl Climb {
                 self.rising = true;
                 return self.target;
             }
-            // More streams did no better (or worse): take the step back,
-            // exactly, and look upward again only later, more gently.
-            self.dir = -1;
-            self.factor = (self.factor / 1.5).max(1.25);
+            // More streams did worse: take the step back, exactly.
             self.last = Some(last);
             self.target = self.before;
             // `last` was measured here: the next window compares with it
             // at the same target.
             self.measured_at = self.target;
             self.target
-        } else if worse {
-            // Fewer streams made it worse: go back up.
-            self.flat = 0;
-            self.dir = 1;
-            self.factor = (self.factor / 1.5).max(1.25);
-            self.move_on()
         } else {
-            self.flat += 1;
-            // Hold; every few rounds look upward again, the work may have
-            // changed its nature.
-            if self.flat >= 6 {
-                self.flat = 0;
-                self.bad = None;
-                self.dir = 1;
-                self.factor = self.factor.max(1.5);
-                self.move_on()
-            } else {
-                self.before = self.target;
-                self.target
-            }
+            // At the ceiling, or the cores busy: the climb is over.
+            self.before = self.target;
+            self.target
         }
     }
 
-    /// The relative change that counts as a real one.
+    /// Past the first climb: holds, and now and then looks at half or
+    /// twice the count ([`Look`]), down and up in turn. A look that finds
+    /// the other count better moves there and looks on the same way at
+    /// once; one that does not waits twice as long before that way again,
+    /// so a job of hours that found its count spends little time away from
+    /// it, yet notices within a minute or two when its work changes.
+    fn settled(&mut self, score: f64) -> usize {
+        let at = self.target;
+        let moved = at != self.measured_at;
+        self.measured_at = at;
+        if let Some(last) = self.last.replace(score) {
+            self.note_noise(moved, last, score);
+        }
+        let Some(mut look) = self.look.take() else {
+            self.held += 1;
+            let way = usize::from(self.dir > 0);
+            if self.held >= self.wait[way] {
+                match self.other(self.dir) {
+                    Some(other) => {
+                        self.look = Some(Look {
+                            home: at,
+                            other,
+                            gains: Vec::new(),
+                            first: Some((score, false, self.idle)),
+                            skipped: 0,
+                        });
+                        self.target = other;
+                    }
+                    // At a bound, or the cores busy: the other way next.
+                    None => self.dir = -self.dir,
+                }
+            }
+            return self.target;
+        };
+        let at_other = at == look.other;
+        let Some((first, first_at_other, first_idle)) = look.first.take() else {
+            // The first window of a pair; the second is at the other count.
+            look.first = Some((score, at_other, self.idle));
+            self.target = if at_other { look.home } else { look.other };
+            self.look = Some(look);
+            return self.target;
+        };
+        let (at_other_score, home_score) = if first_at_other {
+            (first, score)
+        } else {
+            (score, first)
+        };
+        let other_is_more = look.other > look.home;
+        // How much the streams at the larger count waited for work.
+        let more_idle = if first_at_other == other_is_more {
+            first_idle
+        } else {
+            self.idle
+        };
+        if at_other_score <= 0.0 || home_score <= 0.0 || more_idle > 0.25 {
+            // Nothing done in a window, or the larger count's streams
+            // mostly waited for work (the walk behind): the pair says
+            // nothing of what streams can do.
+            look.skipped += 1;
+        } else {
+            let ratio = (at_other_score / home_score).ln();
+            look.gains.push(if other_is_more { ratio } else { -ratio });
+        }
+        let verdict = if look.skipped >= 3 {
+            Verdict::Home
+        } else {
+            look.verdict(1.25 * self.noise.unwrap_or(0.12))
+        };
+        let winner = match verdict {
+            Verdict::Open => {
+                // The next pair starts here.
+                self.look = Some(look);
+                return self.target;
+            }
+            Verdict::More => look.home.max(look.other),
+            Verdict::Fewer => look.home.min(look.other),
+            Verdict::Home => look.home,
+        };
+        let way = usize::from(self.dir > 0);
+        self.held = 0;
+        if winner == look.other {
+            // Moved: look on the same way after one window there, and the
+            // other way soon.
+            self.wait[way] = 1;
+            self.wait[1 - way] = FIRST_WAIT;
+        } else {
+            self.wait[way] = (self.wait[way] * 2).clamp(FIRST_WAIT, MAX_WAIT);
+            self.dir = -self.dir;
+        }
+        self.target = winner;
+        self.target
+    }
+
+    /// The count a look `dir` compares with, if there is one.
+    fn other(&mut self, dir: i32) -> Option<usize> {
+        let t = self.target;
+        if dir < 0 {
+            let back = self.came_from.take().filter(|&c| c < t);
+            (t > 1).then(|| back.unwrap_or(t / 2).max(1))
+        } else {
+            // More streams only queue for a core when the cores are busy,
+            // and add nothing when those at work wait for work already.
+            (t < self.max && self.headroom > 1.0 && self.idle <= 0.25)
+                .then(|| (t * 2).min(self.max))
+        }
+    }
+
+    /// Two windows at one target: their difference is noise (or the work
+    /// changing), which sets how large a change must be to count.
+    fn note_noise(&mut self, moved: bool, last: f64, score: f64) {
+        if !moved && last > 0.0 {
+            let change = (score / last - 1.0).abs();
+            self.noise = Some(self.noise.map_or(change, |n| 0.7 * n + 0.3 * change));
+        }
+    }
+
+    /// The relative change that counts as a real one in the first climb.
     fn threshold(&self) -> f64 {
         self.noise.map_or(0.10, |n| (2.5 * n).clamp(0.10, 0.50))
     }
 
+    /// The first climb's next step up: as far as the idle CPU suggests
+    /// (up to 4x). A share at 1 ms per request that uses a tenth of the
+    /// cores at 8 streams wants 32 or more, and each window spent at 8 and
+    /// 16 cost a tenth of a 10 s job. At the ceiling, or with the cores
+    /// busy, it stays (and the next window ends the climb).
     fn move_on(&mut self) -> usize {
         self.before = self.target;
-        if self.dir > 0 && self.headroom <= 1.0 {
+        if self.headroom <= 1.0 {
             return self.target;
         }
-        let t = self.target as f64;
-        let next = if self.dir > 0 {
-            // While the first climb pays, step as far as the idle CPU
-            // suggests (up to 4x): a share at 1 ms per request that uses a
-            // tenth of the cores at 8 streams wants 32 or more, and each
-            // window spent at 8 and 16 cost a tenth of a 10 s job.
-            let factor = if self.rising {
-                self.factor.max(self.headroom.min(4.0))
-            } else {
-                self.factor
-            };
-            (t * factor).ceil()
-        } else {
-            (t / self.factor).floor()
-        };
-        let mut next = (next as usize).clamp(1, self.max);
-        if let Some(bad) = self.bad.filter(|&b| self.dir > 0 && next >= b) {
+        let factor = self.factor.max(self.headroom.min(4.0));
+        let mut next = ((self.target as f64 * factor).ceil() as usize).clamp(1, self.max);
+        if let Some(bad) = self.bad.filter(|&b| next >= b) {
             next = (self.target + bad) / 2; // halfway to what did not pay
-        }
-        if next == self.target {
-            // At a bound: turn around next time.
-            self.dir = -self.dir;
         }
         self.target = next;
         next
     }
 }
 
-/// Work done so far, in units: an entry finished, or 256 KiB moved.
-fn units(stats: &Stats) -> f64 {
-    stats.entries_done() as f64 + stats.data_moved.load(Relaxed) as f64 / (256.0 * 1024.0)
+/// Work done so far: entries finished and bytes moved.
+fn work(stats: &Stats) -> [f64; 2] {
+    [
+        stats.entries_done() as f64,
+        stats.data_moved.load(Relaxed) as f64,
+    ]
+}
+
+/// Work as one number, in units: an entry finished, or 256 KiB moved.
+fn units([entries, bytes]: [f64; 2]) -> f64 {
+    entries + bytes / (256.0 * 1024.0)
 }
 
 /// Runs the tuner until `done` is set. The process's CPU time tells it
@@ -352,7 +569,7 @@ pub fn run<T>(
     let mut trace = vec![gate.target() as u32];
     let mut chunk_trace = trace.clone();
     let mut warming_up = true;
-    let (mut before, mut at) = (units(stats), Instant::now());
+    let (mut before, mut at) = (work(stats), Instant::now());
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let mut cpu = sluice_sys::process_cpu_time();
     let mut samples = gauge.counts();
@@ -365,9 +582,10 @@ pub fn run<T>(
         let window = if climb.rising { interval / 4 } else { interval };
         nap(window, done);
         let chunked_before = queue.chunk_work() > 0;
-        let (now, t, cpu_now) = (units(stats), Instant::now(), sluice_sys::process_cpu_time());
+        let (now, t, cpu_now) = (work(stats), Instant::now(), sluice_sys::process_cpu_time());
         let secs = t.duration_since(at).as_secs_f64();
-        let score = (now - before) / secs;
+        let done_now = [now[0] - before[0], now[1] - before[1]];
+        let score = units(done_now) / secs;
         let used = (cpu_now - cpu).as_secs_f64() / secs;
         let counts = gauge.counts();
         let idle = idle_share(&samples, &counts);
@@ -392,8 +610,10 @@ pub fn run<T>(
         if log {
             eprintln!(
                 "sluice: tune: {secs:.2} s at {held} streams: {score:.0} units/s, \
-                 {used:.2} cores, {:.0}% idle -> {next}",
-                idle * 100.0
+                 {used:.2} cores, {:.0}% idle -> {next} ({:.0} entries/s, {:.1} MiB/s)",
+                idle * 100.0,
+                done_now[0] / secs,
+                done_now[1] / secs / 1048576.0
             );
         }
         gate.set(next);
@@ -409,7 +629,12 @@ pub fn run<T>(
         chunks.set_max(next);
         if follows && next > held {
             chunks.restart_at(next);
-        } else if next == held && chunked_before && queue.chunk_work() > 0 && chunk_rate > 0.0 {
+        } else if next == held
+            && !climb.looking()
+            && chunked_before
+            && queue.chunk_work() > 0
+            && chunk_rate > 0.0
+        {
             chunks.headroom = climb.headroom;
             chunks.step(chunk_rate);
         }
@@ -420,7 +645,7 @@ pub fn run<T>(
             // pace: the next window starts after it, so a quarter-second
             // window does not judge 64 streams by their first 50 ms.
             nap(window / 5, done);
-            (before, at, cpu) = (units(stats), Instant::now(), sluice_sys::process_cpu_time());
+            (before, at, cpu) = (work(stats), Instant::now(), sluice_sys::process_cpu_time());
             chunk_bytes = stats.chunk_bytes.load(Relaxed);
             samples = gauge.counts();
         }
@@ -512,39 +737,95 @@ mod tests {
         }
     }
 
-    /// A flat curve measured with +-20% noise (a second of 64 MiB chunks):
-    /// the climber holds instead of wandering on lucky seconds, and a real
-    /// doubling still shows through that noise.
-    #[test]
-    fn noise_does_not_look_like_a_gain() {
-        let mut x = 12345u64;
-        let mut noisy = || {
+    /// Uniform noise of +-`spread`, from a seeded generator.
+    fn noise(seed: u64, spread: f64) -> impl FnMut() -> f64 {
+        let mut x = seed;
+        move || {
             x = x
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
-            1.0 + 0.2 * (((x >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0)
+            1.0 + spread * (((x >> 33) as f64 / (1u64 << 31) as f64) * 2.0 - 1.0)
+        }
+    }
+
+    /// Runs a climber from `start` on `curve` with noise; the targets seen.
+    fn run(
+        start: usize,
+        headroom: f64,
+        windows: usize,
+        seed: u64,
+        spread: f64,
+        curve: impl Fn(usize) -> f64,
+    ) -> Vec<usize> {
+        let mut noisy = noise(seed, spread);
+        let mut c = Climb::new(start, 64);
+        c.headroom = headroom;
+        (0..windows)
+            .map(|_| {
+                let t = c.target;
+                c.step(curve(t) * noisy());
+                t
+            })
+            .collect()
+    }
+
+    /// Gains to 8 streams, flat after, measured with +-20% noise (a second
+    /// of 64 MiB chunks): the climber neither wanders up on lucky seconds
+    /// nor down on unlucky ones, and a real doubling still shows through.
+    #[test]
+    fn noise_does_not_look_like_a_gain() {
+        for seed in 1..=6 {
+            let seen = run(8, f64::INFINITY, 120, seed, 0.2, |t| {
+                500.0 * t.min(8) as f64 / 8.0
+            });
+            let late = &seen[40..];
+            let below = late.iter().filter(|&&t| t < 8).count();
+            let changes = late.windows(2).filter(|w| w[0] != w[1]).count();
+            assert!(
+                below * 10 <= late.len() && changes <= late.len() / 3,
+                "wandered on noise (seed {seed}): {seen:?}"
+            );
+            let seen = run(8, f64::INFINITY, 30, seed, 0.2, |t| 50.0 * t.min(48) as f64);
+            assert!(seen[29] >= 32, "missed a real gain (seed {seed}): {seen:?}");
+        }
+    }
+
+    /// A long job where more than 16 streams cost a little (10% at 64: the
+    /// mixed set five times over from disk, where writeback and reads share
+    /// one disk), measured with +-15% noise. The first climb, on idle cores,
+    /// goes to 64 and keeps it (no single window shows the loss); the looks
+    /// that follow bring it down to 16, and it stays there.
+    #[test]
+    fn a_long_job_comes_back_from_an_overshoot() {
+        let curve = |t: usize| {
+            let t = t as f64;
+            if t <= 16.0 {
+                1000.0 * (0.6 + 0.4 * t / 16.0)
+            } else {
+                1000.0 * (1.0 - 0.05 * (t / 16.0).log2())
+            }
         };
-        let mut c = Climb::new(8, 64);
-        let mut seen = Vec::new();
-        for _ in 0..60 {
-            seen.push(c.target);
-            c.step(500.0 * noisy());
+        let mut all = 0.0;
+        for seed in 1..=8 {
+            let seen = run(16, 4.0, 240, seed, 0.15, curve);
+            assert!(
+                seen.iter().take(4).any(|&t| t == 64),
+                "no overshoot to start from: {seen:?}"
+            );
+            let late = &seen[60..];
+            let rate = late.iter().map(|&t| curve(t)).sum::<f64>() / late.len() as f64 / curve(16);
+            assert!(
+                rate >= 0.95,
+                "seed {seed}: {:.0}% of the best: {seen:?}",
+                100.0 * rate
+            );
+            all += rate / 8.0;
         }
-        // it keeps the first climb's step (32: headroom unknown) and holds
-        // there, looking up now and then but never staying up
-        let late = &seen[20..];
-        let changes = late.windows(2).filter(|w| w[0] != w[1]).count();
-        let at_32 = late.iter().filter(|&&t| t == 32).count();
         assert!(
-            late.iter().all(|&t| t <= 48) && at_32 * 4 >= late.len() * 3,
-            "wandered on noise ({changes} changes): {seen:?}"
+            all >= 0.965,
+            "{:.1}% of the best over all seeds",
+            100.0 * all
         );
-        let mut c = Climb::new(8, 64);
-        for _ in 0..30 {
-            let t = c.target as f64;
-            c.step(50.0 * t.min(48.0) * noisy());
-        }
-        assert!(c.target >= 32, "missed a real gain: {}", c.target);
     }
 
     /// Writes dominate on a share with latency per request too, but there
@@ -553,11 +834,14 @@ mod tests {
     fn a_target_with_latency_to_hide_gets_many_streams() {
         let mut c = Climb::new(8, 64);
         let share = |n: usize| 100.0 * (n.min(48) as f64);
-        for _ in 0..10 {
+        let mut seen = Vec::new();
+        for _ in 0..16 {
             let t = c.target;
-            c.step(share(t));
+            seen.push(c.step(share(t)));
         }
-        assert!(c.target >= 32, "stopped at {}", c.target);
+        // the first look goes back to 8 for one window, and returns
+        let at_8 = seen[3..].iter().filter(|&&t| t == 8).count();
+        assert!(c.target >= 32 && at_8 <= 1, "{seen:?}");
         // and gets there fast: near-linear gains take bigger steps, and
         // idle cores bigger ones from the start
         let climb = |headroom: f64| {
