@@ -153,12 +153,16 @@ pub struct Climb {
     held: u32,
     /// Windows to hold before the next look down ([0]) and up ([1]).
     wait: [u32; 2],
-    /// The count the first climb started from: the first look down goes
-    /// back there. Its steps were judged on one or two short windows, and
-    /// the last kept unless it hurt; a look at half the count would miss a
-    /// climb from 16 to 64 that cost 10% (a long job from disk), each
-    /// half of it within the noise.
-    came_from: Option<usize>,
+    /// The count the first climb started from, and the most it tried.
+    start: usize,
+    peak: usize,
+    /// The count the first look compares with: the other end of the first
+    /// climb. Its steps were judged on one or two quarter-second windows;
+    /// a climb from 16 to 64 kept though it cost 10% (a long job from
+    /// disk) is missed by looks at half the count, each half of it within
+    /// the noise, and one from 16 to 55 taken back on an unlucky quarter
+    /// second never looked up again in a 19-second job.
+    first_look: Option<usize>,
 }
 
 /// Past the first climb, the held count (`home`) is compared with half or
@@ -291,7 +295,9 @@ impl Climb {
             look: None,
             held: 0,
             wait: [FIRST_WAIT; 2],
-            came_from: Some(start.clamp(1, max)),
+            start: start.clamp(1, max),
+            peak: start.clamp(1, max),
+            first_look: None,
         }
     }
 
@@ -304,10 +310,13 @@ impl Climb {
         }
         let next = self.climb(score);
         if !self.rising {
-            // The climb may have overshot (its last step is kept unless it
-            // hurt): the first look is down.
-            self.dir = -1;
+            // The first look goes to the other end of the climb: back up to
+            // the most it tried if it came down, else back to its start.
             self.held = 0;
+            let up = next < self.peak;
+            let end = if up { self.peak } else { self.start };
+            self.dir = if up { 1 } else { -1 };
+            self.first_look = (end != next).then_some(end);
         }
         next
     }
@@ -492,13 +501,14 @@ impl Climb {
     fn other(&mut self, dir: i32) -> Option<usize> {
         let t = self.target;
         if dir < 0 {
-            let back = self.came_from.take().filter(|&c| c < t);
-            (t > 1).then(|| back.unwrap_or(t / 2).max(1))
+            let end = self.first_look.take().filter(|&c| c < t);
+            (t > 1).then(|| end.unwrap_or(t / 2).max(1))
         } else {
             // More streams only queue for a core when the cores are busy,
             // and add nothing when those at work wait for work already.
+            let end = self.first_look.take().filter(|&c| c > t);
             (t < self.max && self.headroom > 1.0 && self.idle <= 0.25)
-                .then(|| (t * 2).min(self.max))
+                .then(|| end.unwrap_or(t * 2).min(self.max))
         }
     }
 
@@ -531,6 +541,7 @@ impl Climb {
         if let Some(bad) = self.bad.filter(|&b| next >= b) {
             next = (self.target + bad) / 2; // halfway to what did not pay
         }
+        self.peak = self.peak.max(next);
         self.target = next;
         next
     }
@@ -873,6 +884,40 @@ mod tests {
             c.step(800.0);
         }
         assert!(c.target <= 24, "probed up by {}", c.target);
+    }
+
+    /// A first climb that came back down on unlucky windows looks up to
+    /// the most it tried once it has held a while, and goes there if it
+    /// pays; one that kept a step that did not pay looks back at its start.
+    #[test]
+    fn the_first_look_checks_the_other_end_of_the_climb() {
+        let mut c = Climb::new(16, 64);
+        c.headroom = 4.0;
+        let mut seen = vec![c.step(1000.0)]; // at 16 -> 64
+        for unlucky in [700.0, 700.0, 750.0, 750.0] {
+            seen.push(c.step(unlucky)); // 64 twice, then the middle twice
+        }
+        assert_eq!(seen, [64, 64, 32, 32, 16], "the climb");
+        assert!(!c.rising);
+        for _ in 0..FIRST_WAIT {
+            seen.push(c.step(1000.0));
+        }
+        assert_eq!(c.target, 64, "no look up: {seen:?}");
+        c.step(1200.0);
+        assert_eq!(c.target, 64, "did not keep a 20% gain: {seen:?}");
+
+        let mut c = Climb::new(16, 64);
+        c.headroom = 4.0;
+        c.step(1000.0); // -> 64
+        c.step(1000.0); // flat: measured again
+        c.step(1000.0); // kept
+        assert_eq!((c.target, c.rising), (64, false));
+        for _ in 0..FIRST_WAIT {
+            c.step(900.0);
+        }
+        assert_eq!(c.target, 16, "no look back at the start");
+        c.step(1000.0);
+        assert_eq!(c.target, 16, "kept streams that cost 10%");
     }
 
     /// A step up measured while the new streams mostly waited for work
