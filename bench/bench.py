@@ -55,8 +55,12 @@ def install_peers():
 class Scratch:
     """A loop-mounted ext4 made fresh before every timed run."""
 
-    def __init__(self, img, size_gb):
+    def __init__(self, img, size_gb, discard=False):
+        """`discard`: mkfs gives the image's blocks back to the disk each
+        time, so that it never holds more than one run's data (for sets
+        near the disk's free space; the default reuses them)."""
         self.img = img
+        self.discard = "discard" if discard else "nodiscard"
         os.makedirs(os.path.dirname(img), exist_ok=True)  # a fresh machine has no data dir
         sh(f"truncate -s {size_gb}G {img}")
         self.dev = sh(f"losetup --direct-io=on -f --show {img}", capture_output=True).stdout.strip()
@@ -64,7 +68,7 @@ class Scratch:
 
     def fresh(self):
         sh(f"umount {MNT} 2>/dev/null", check=False)
-        sh(f"mkfs.ext4 -q -F -N 1500000 -E lazy_itable_init=0,lazy_journal_init=0,nodiscard {self.dev}")
+        sh(f"mkfs.ext4 -q -F -N 1500000 -E lazy_itable_init=0,lazy_journal_init=0,{self.discard} {self.dev}")
         sh(f"mount {self.dev} {MNT}")
         drop_caches()
 

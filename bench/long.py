@@ -99,7 +99,8 @@ def main():
     data = os.path.realpath(bench.dataset(os.path.join(a.data, "mixed"), "mixed"))
     files, nbytes = bench.tree_size(data)
     mount_copies(data, a.copies)
-    scratch = bench.Scratch(os.path.join(a.data, "scratch-long.img"), 8 + nbytes * a.copies * 2 // 2**30)
+    scratch = bench.Scratch(os.path.join(a.data, "scratch-long.img"), 8 + nbytes * a.copies * 2 // 2**30,
+                            discard=True)
     settings = ["auto"] + a.jobs.split(",")
     res = {"date": datetime.date.today().isoformat(), "copies": a.copies, "files": files * a.copies,
            "bytes": nbytes * a.copies, "sluice": bench.sh(f"{bench.SLUICE} --version", capture_output=True).stdout.strip(),
