@@ -208,3 +208,38 @@ fn deletes_and_parts_that_do_not_exist_are_refused() {
     }
     assert_same_tree(&src, &dst);
 }
+
+/// The same part started twice at once (parts lock DST shared, so both
+/// start): the second finds the first's journal in use and stops with
+/// that said, leaving the journal alone; the first finishes, and with the
+/// other part the tree is whole.
+#[test]
+fn the_same_part_started_twice_leaves_the_first_ones_journal_alone() {
+    let t = disk_dir("shard-twice");
+    let (src, dst) = (t.path().join("src"), t.path().join("dst"));
+    write(&src.join("big.bin"), &bytes(24 << 20, 7));
+    let first = part(0, 2, &src, &dst, &["--bwlimit", "6M"])
+        .spawn()
+        .unwrap();
+    let journal = dst.join(".sluice-journal-part-0-of-2.redb");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !journal.exists() {
+        assert!(std::time::Instant::now() < deadline, "no journal appeared");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let second = part(0, 2, &src, &dst, &[]).output().unwrap();
+    assert_ne!(code(&second), 0, "a second run of the same part went ahead");
+    assert!(
+        stderr(&second).contains("another sluice run is using it"),
+        "{}",
+        stderr(&second)
+    );
+    assert!(
+        journal.exists(),
+        "the second run removed the first's journal"
+    );
+    ok(&first.wait_with_output().unwrap());
+    ok(&part(1, 2, &src, &dst, &[]).output().unwrap());
+    assert_same_tree(&src, &dst);
+    assert_no_temporaries(&dst);
+}

@@ -195,7 +195,7 @@ impl ChunkMap {
             .ok_or_else(|| fail("names no file".into()))?;
         let dir = sluice_sys::open_dir_path(dir).map_err(|e| fail(e.to_string()))?;
         let db = crate::target::open_state_db(std::os::fd::AsFd::as_fd(&dir), &name, true, 4 << 20)
-            .map_err(fail)?
+            .map_err(|e| fail(e.to_string()))?
             .expect("created if missing");
         Ok(ChunkMap { db })
     }

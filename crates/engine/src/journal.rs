@@ -16,6 +16,7 @@
 //! a chunk record it `fdatasync`s the file the chunk was written to, so a
 //! record never claims more than a crash would keep.
 
+use crate::target::StateError;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use sluice_sys::Stat;
 use std::collections::{HashMap, HashSet};
@@ -235,9 +236,18 @@ impl Journal {
         let name = CString::new(file_name(single, part)).expect("no NUL in a journal name");
         let (resumable, db, discarded) = match read(&dir, &name) {
             Ok((r, db)) => (r, db, None),
+            // The same part of a `--shard` job started twice (parts lock
+            // DST shared): the journal is the other's, not damaged.
+            Err(StateError::Busy) => {
+                return Err(std::io::Error::other(format!(
+                    "journal {}: {}",
+                    name.to_string_lossy(),
+                    StateError::Busy
+                )));
+            }
             Err(why) => {
                 let _ = sluice_sys::unlink_at(dir.as_fd(), &name);
-                (HashMap::new(), None, Some(why))
+                (HashMap::new(), None, Some(why.to_string()))
             }
         };
         let owned = resumable
@@ -290,7 +300,11 @@ impl Journal {
                         break;
                     }
                     // Another part of this run reading it at the same moment.
-                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(25)),
+                    Err(StateError::Busy) => {
+                        std::thread::sleep(std::time::Duration::from_millis(25))
+                    }
+                    // Damaged: its files start over, as the part's own would.
+                    Err(StateError::Other(_)) => break,
                 }
             }
         }
@@ -462,7 +476,7 @@ fn open_db(
     dir: &OwnedFd,
     name: &std::ffi::CStr,
     create: bool,
-) -> Result<Option<redb::Database>, String> {
+) -> Result<Option<redb::Database>, StateError> {
     crate::target::open_state_db(dir.as_fd(), name, create, 1 << 20)
 }
 
@@ -470,23 +484,23 @@ fn open_db(
 fn read(
     dir: &OwnedFd,
     name: &std::ffi::CStr,
-) -> Result<(Resumable, Option<redb::Database>), String> {
+) -> Result<(Resumable, Option<redb::Database>), StateError> {
     let mut resumable = HashMap::new();
     let Some(db) = open_db(dir, name, false)? else {
         return Ok((resumable, None));
     };
-    let read = db.begin_read().map_err(|e| e.to_string())?;
+    let read = db.begin_read().map_err(StateError::other)?;
     match read.open_table(FILES) {
         Ok(table) => {
-            for row in table.iter().map_err(|e| e.to_string())? {
-                let (k, v) = row.map_err(|e| e.to_string())?;
+            for row in table.iter().map_err(StateError::other)? {
+                let (k, v) = row.map_err(StateError::other)?;
                 if let Some(rec) = Record::decode(v.value()) {
                     resumable.insert(k.value().to_vec(), rec);
                 }
             }
         }
         Err(redb::TableError::TableDoesNotExist(_)) => {}
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(StateError::other(e)),
     }
     drop(read);
     Ok((resumable, Some(db)))

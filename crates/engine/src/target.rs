@@ -112,22 +112,51 @@ pub(crate) fn open_state_db(
     name: &CStr,
     create: bool,
     cache: usize,
-) -> Result<Option<redb::Database>, String> {
+) -> Result<Option<redb::Database>, StateError> {
     let file = match open_state(dir, name, create) {
         Ok(Some(f)) => f,
         Ok(None) => return Ok(None),
-        Err(Errno::INVAL) => return Err("not a regular file".into()),
-        Err(e) => return Err(std::io::Error::from(e).to_string()),
+        Err(Errno::INVAL) => return Err(StateError::other("not a regular file")),
+        Err(e) => return Err(StateError::other(std::io::Error::from(e))),
     };
-    let backend = redb::backends::FileBackend::new(file).map_err(|e| e.to_string())?;
+    let backend = redb::backends::FileBackend::new(file).map_err(StateError::other)?;
     let mut b = redb::Builder::new();
     b.set_cache_size(cache);
     match b.create_with_backend(backend) {
         Ok(db) => Ok(Some(db)),
-        Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
-            Err("another sluice run is using it; wait for it to finish".into())
+        Err(redb::DatabaseError::DatabaseAlreadyOpen) => Err(StateError::Busy),
+        Err(e) => Err(StateError::other(e)),
+    }
+}
+
+/// Why a state file (a journal, a chunk map) could not be opened or read.
+#[derive(Debug)]
+pub(crate) enum StateError {
+    /// Another process has it open: it is in use, not damaged.
+    Busy,
+    Other(String),
+}
+
+impl StateError {
+    pub(crate) fn other(e: impl std::fmt::Display) -> StateError {
+        StateError::Other(e.to_string())
+    }
+}
+
+impl std::fmt::Display for StateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StateError::Busy => {
+                f.write_str("another sluice run is using it; wait for it to finish")
+            }
+            StateError::Other(why) => f.write_str(why),
         }
-        Err(e) => Err(e.to_string()),
+    }
+}
+
+impl From<StateError> for String {
+    fn from(e: StateError) -> String {
+        e.to_string()
     }
 }
 
