@@ -113,51 +113,16 @@ pub(crate) fn run(shared: &Shared, all_clean: bool) {
     }
     let mut deleter = Deleter::new(shared, false);
     deleter.limit = limit;
-    for group in extras {
-        if shared.stopped() {
-            return;
-        }
-        let dir = match crate::target::open_beneath(root.as_fd(), &group.dir) {
-            Ok(fd) => fd,
-            Err(e) => {
-                shared.fail(shared.error(Side::Dst, &group.dir, "open directory", Reason::Os(e)));
-                continue;
-            }
-        };
-        let dev = match sluice_sys::stat_fd(dir.as_fd()) {
-            Ok(st) => st.dev,
-            Err(e) => {
-                shared.fail(shared.error(Side::Dst, &group.dir, "stat", Reason::Os(e)));
-                continue;
-            }
-        };
-        let mut outcome = Ok(true);
-        for (name, is_dir) in &group.names {
-            let rel = join(&group.dir, name.to_bytes());
-            outcome = deleter.remove(dir.as_fd(), dev, name, *is_dir, &rel);
-            if outcome.is_err() {
-                break;
-            }
-        }
-        if shared.deletes_for_real {
-            // Removing entries changed the directory's times; put SRC's back.
-            let _ = sluice_sys::set_times(dir.as_fd(), &group.src_stat);
-            if shared.opts.fsync {
-                let _ = sluice_sys::sync(dir.as_fd());
-            }
-        }
-        if let Err(Stop::Limit) = outcome {
-            let max = shared.opts.max_delete.unwrap_or(0);
-            shared.fail(shared.error(
-                Side::Dst,
-                b"",
-                "delete",
-                Reason::Other(format!(
-                    "--max-delete {max} reached; stopped before deleting more"
-                )),
-            ));
-            return;
-        }
+    if let Err(Stop::Limit) = deleter.sweep(root.as_fd(), &extras) {
+        let max = shared.opts.max_delete.unwrap_or(0);
+        shared.fail(shared.error(
+            Side::Dst,
+            b"",
+            "delete",
+            Reason::Other(format!(
+                "--max-delete {max} reached; stopped before deleting more"
+            )),
+        ));
     }
 }
 
@@ -236,19 +201,46 @@ impl<'a> Deleter<'a> {
         let Some(root) = self.shared.dst_root_fd.as_ref() else {
             return 0;
         };
+        let _ = self.sweep(root.as_fd(), extras);
+        self.counted
+    }
+
+    /// Removes (or counts) every extra, directory by directory; in a
+    /// directory, a failure stops its removals, `--max-delete` all.
+    fn sweep(&mut self, root: BorrowedFd<'_>, extras: &[crate::state::Extras]) -> Result<(), Stop> {
         for group in extras {
-            let Ok(dir) = crate::target::open_beneath(root.as_fd(), &group.dir) else {
+            if self.shared.stopped() {
+                return Ok(());
+            }
+            let opened = crate::target::open_beneath(root, &group.dir)
+                .map_err(|e| self.fail(&group.dir, "open directory", e))
+                .and_then(|dir| match sluice_sys::stat_fd(dir.as_fd()) {
+                    Ok(st) => Ok((dir, st.dev)),
+                    Err(e) => Err(self.fail(&group.dir, "stat", e)),
+                });
+            let Ok((dir, dev)) = opened else {
                 continue;
             };
-            let Ok(st) = sluice_sys::stat_fd(dir.as_fd()) else {
-                continue;
-            };
+            let mut outcome = Ok(true);
             for (name, is_dir) in &group.names {
                 let rel = join(&group.dir, name.to_bytes());
-                let _ = self.remove(dir.as_fd(), st.dev, name, *is_dir, &rel);
+                outcome = self.remove(dir.as_fd(), dev, name, *is_dir, &rel);
+                if outcome.is_err() && !self.counting {
+                    break;
+                }
+            }
+            if self.shared.deletes_for_real && !self.counting {
+                // Removing entries changed the directory's times; put SRC's back.
+                let _ = sluice_sys::set_times(dir.as_fd(), &group.src_stat);
+                if self.shared.opts.fsync {
+                    let _ = sluice_sys::sync(dir.as_fd());
+                }
+            }
+            if let Err(Stop::Limit) = outcome {
+                return Err(Stop::Limit);
             }
         }
-        self.counted
+        Ok(())
     }
 
     /// Takes one deletion from the `--max-delete` budget.
@@ -260,9 +252,12 @@ impl<'a> Deleter<'a> {
         }
     }
 
+    /// Reports a failure (counting, only says so: deleting reports it).
     fn fail(&self, rel: &[u8], op: &'static str, e: Errno) -> Stop {
-        let err: EntryError = self.shared.error(Side::Dst, rel, op, Reason::Os(e));
-        self.shared.fail(err);
+        if !self.counting {
+            let err: EntryError = self.shared.error(Side::Dst, rel, op, Reason::Os(e));
+            self.shared.fail(err);
+        }
         Stop::Failed
     }
 
