@@ -106,6 +106,12 @@ impl Gate {
 const FIRST_WAIT: u32 = 6;
 const MAX_WAIT: u32 = 64;
 
+/// No look starts with fewer windows of work left than this (once the
+/// walk is over, the work left is known): it could not pay for itself.
+/// The first look on the 8 GiB file came a second before the end and cost
+/// 3% there.
+const LOOK_WORTH: f64 = 8.0;
+
 /// A look at another count ends, undecided, after this many pairs of
 /// windows: by then the difference is within the noise, and the count
 /// held stays.
@@ -153,6 +159,9 @@ pub struct Climb {
     held: u32,
     /// Windows to hold before the next look down ([0]) and up ([1]).
     wait: [u32; 2],
+    /// Set by the caller: windows of work left at the last window's pace
+    /// (infinite while the walk is still finding work).
+    pub windows_left: f64,
     /// The count the first climb started from, and the most it tried.
     start: usize,
     peak: usize,
@@ -295,6 +304,7 @@ impl Climb {
             look: None,
             held: 0,
             wait: [FIRST_WAIT; 2],
+            windows_left: f64::INFINITY,
             start: start.clamp(1, max),
             peak: start.clamp(1, max),
             first_look: None,
@@ -420,7 +430,7 @@ impl Climb {
         let Some(mut look) = self.look.take() else {
             self.held += 1;
             let way = usize::from(self.dir > 0);
-            if self.held >= self.wait[way] {
+            if self.held >= self.wait[way] && self.windows_left >= LOOK_WORTH {
                 match self.other(self.dir) {
                     Some(other) => {
                         self.look = Some(Look {
@@ -603,6 +613,7 @@ pub fn run<T>(
         climb.idle = idle;
         samples = counts;
         climb.headroom = BUSY * cores / used.max(1e-3);
+        climb.windows_left = seconds_left(stats, score) / interval.as_secs_f64();
         (before, at, cpu) = (now, t, cpu_now);
         if done.load(Relaxed) {
             break;
@@ -621,10 +632,12 @@ pub fn run<T>(
         if log {
             eprintln!(
                 "sluice: tune: {secs:.2} s at {held} streams: {score:.0} units/s, \
-                 {used:.2} cores, {:.0}% idle -> {next} ({:.0} entries/s, {:.1} MiB/s)",
+                 {used:.2} cores, {:.0}% idle -> {next} ({:.0} entries/s, {:.1} MiB/s, \
+                 {:.0} s left)",
                 idle * 100.0,
                 done_now[0] / secs,
-                done_now[1] / secs / 1048576.0
+                done_now[1] / secs / 1048576.0,
+                climb.windows_left * interval.as_secs_f64()
             );
         }
         gate.set(next);
@@ -662,6 +675,22 @@ pub fn run<T>(
         }
     }
     (trace, chunk_trace)
+}
+
+/// Seconds of work left at `score` units a second, once the walk has found
+/// it all (entries not yet finished, bytes not yet written); infinite
+/// before. Files found unchanged count as work left until passed, so it
+/// errs long.
+fn seconds_left(stats: &Stats, score: f64) -> f64 {
+    let p = stats.progress();
+    if !p.walk_done() || score <= 0.0 {
+        return f64::INFINITY;
+    }
+    let left = [
+        p.found.saturating_sub(p.done) as f64,
+        p.bytes_found.saturating_sub(p.bytes) as f64,
+    ];
+    units(left) / score
 }
 
 /// The share of working streams' time spent waiting for work between two
@@ -912,9 +941,14 @@ mod tests {
         c.step(1000.0); // flat: measured again
         c.step(1000.0); // kept
         assert_eq!((c.target, c.rising), (64, false));
-        for _ in 0..FIRST_WAIT {
+        // not with too little work left for a look to pay
+        c.windows_left = LOOK_WORTH - 1.0;
+        for _ in 0..2 * FIRST_WAIT {
             c.step(900.0);
         }
+        assert_eq!(c.target, 64, "looked with the job nearly over");
+        c.windows_left = f64::INFINITY;
+        c.step(900.0);
         assert_eq!(c.target, 16, "no look back at the start");
         c.step(1000.0);
         assert_eq!(c.target, 16, "kept streams that cost 10%");
