@@ -12,13 +12,14 @@
 //!   kept unless it made things worse, since windows this early are noisy;
 //!   one that made things worse tries the middle before going back.
 //! * After it, windows are a second long, and the count held is compared
-//!   now and then with another ([`Look`]): first with the count the climb's
-//!   last step came from, then with half and twice as many, down and up in
-//!   turn, windows at each taken in turn until the mean difference stands
-//!   out of the noise (or eight pairs say it does not: the count stays).
-//!   A look that finds nothing better doubles the wait before the next
-//!   that way (6 windows to 64), so a long job spends most of its time at
-//!   its count, yet follows its work as it changes.
+//!   now and then with another ([`Look`]): first with the other end of the
+//!   climb (where it started, or the most it tried if it came back down),
+//!   then with half and twice as many, down and up in turn, windows at
+//!   each taken in turn until the mean difference stands out of the noise
+//!   (or eight pairs say it does not: the count stays). A look that finds
+//!   nothing better doubles the wait before the next that way (6 windows
+//!   to 64), so a long job spends most of its time at its count, yet
+//!   follows its work as it changes. No look starts near the end.
 //! * No step goes up while the process uses 95% of the cores ([`BUSY`]).
 //! * A step whose new streams mostly waited for work (the walk behind) is
 //!   measured once more before it is judged.
@@ -174,13 +175,14 @@ pub struct Climb {
     first_look: Option<usize>,
 }
 
-/// Past the first climb, the held count (`home`) is compared with half or
-/// twice as many (`other`) in windows taken in turn, home, other | other,
-/// home | home, other ..., so that a drift in the work weighs on both
-/// alike and only every second window follows a change. Each pair gives
-/// the log of the ratio "more streams / fewer streams"; the look ends as
-/// soon as the mean of those, give or take twice its standard error,
-/// says whether the extra streams buy [`EARN`] or not.
+/// Past the first climb, the held count (`home`) is compared with another
+/// (`other`: the first climb's other end, then half or twice as many) in
+/// windows taken in turn, home, other | other, home | home, other ..., so
+/// that a drift in the work weighs on both alike and only every second
+/// window follows a change. Each pair gives the log of the ratio "more
+/// streams / fewer streams"; the look ends as soon as the mean of those,
+/// give or take 2.5 standard errors, says the extra streams buy something
+/// (more than half of [`EARN`]) or less than [`EARN`].
 ///
 /// One-second windows of the mixed set from disk differ by 15-30% at one
 /// count, so a 10% difference takes several pairs to show; judging it on
