@@ -662,6 +662,7 @@ pub fn run<T>(
             && chunk_rate > 0.0
         {
             chunks.headroom = climb.headroom;
+            chunks.windows_left = climb.windows_left;
             chunks.step(chunk_rate);
         }
         queue.set_chunk_limit(chunks.target);
