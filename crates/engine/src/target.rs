@@ -53,9 +53,8 @@ pub(crate) fn open_as_named(root: BorrowedFd<'_>, rel: &[u8]) -> Result<OwnedFd,
         let next = match sluice_sys::open_dir_at(cur.as_fd(), &name) {
             Err(Errno::NOENT) => {
                 let id = sluice_sys::stat_fd(cur.as_fd())?.identity();
-                let mut hidden = [0u8; 64];
-                sluice_sys::hidden_dir_name(id, part, &mut hidden);
-                let hidden = CStr::from_bytes_until_nul(&hidden).map_err(|_| Errno::INVAL)?;
+                let mut buf = [0u8; 64];
+                let hidden = sluice_sys::hidden_dir_name(id, part, &mut buf);
                 match sluice_sys::open_dir_at(cur.as_fd(), hidden) {
                     Err(Errno::NOENT) => sluice_sys::open_dir_at(cur.as_fd(), &name),
                     other => other,

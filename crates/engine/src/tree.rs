@@ -110,9 +110,7 @@ impl DirNode {
             }
         }
     }
-}
 
-impl DirNode {
     /// Renames a new directory filled under a temporary name
     /// ([`DirNode::hidden`]) to its own, unless something took that name
     /// meanwhile (`EEXIST`, reported: the copy stays under the temporary

@@ -127,7 +127,7 @@ const EARN: f64 = 0.04;
 pub struct Climb {
     pub target: usize,
     max: usize,
-    /// +1 or -1: the first climb's direction, then the next look's.
+    /// +1 or -1: the way the next look goes (the first climb only goes up).
     dir: i32,
     factor: f64,
     last: Option<f64>,
@@ -189,7 +189,7 @@ pub struct Climb {
 /// one window each (as the first climb must, to be quick) walked the count
 /// on noise, and not looking at all left a 20-second job at 64 streams
 /// where 16 were 12% faster.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct Look {
     home: usize,
     other: usize,
@@ -202,7 +202,6 @@ struct Look {
     skipped: u32,
 }
 
-#[derive(Debug, PartialEq)]
 enum Verdict {
     More,
     Fewer,

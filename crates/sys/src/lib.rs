@@ -420,9 +420,9 @@ const HIDDEN_PID: u64 = 0;
 /// renamed to `name` in the directory identified by `dir`. The same for
 /// every run, so an interrupted run's directory is found and filled on:
 /// `.sluice-0-<hash of name>-<tag>.tmp`, a temporary's shape (tagged as
-/// any, so it is provably sluice's) with pid 0. Writes a NUL-terminated
-/// name into `out`.
-pub fn hidden_dir_name(dir: (u32, u32, u64), name: &[u8], out: &mut [u8; 64]) {
+/// any, so it is provably sluice's) with pid 0. Written NUL-terminated
+/// into `out`, and returned from there.
+pub fn hidden_dir_name<'a>(dir: (u32, u32, u64), name: &[u8], out: &'a mut [u8; 64]) -> &'a CStr {
     use std::io::Write;
     // FNV-1a over the name, then one SplitMix round via the tag.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -433,6 +433,7 @@ pub fn hidden_dir_name(dir: (u32, u32, u64), name: &[u8], out: &mut [u8; 64]) {
     let tag = temp_tag(dir, HIDDEN_PID, h);
     let mut cur = &mut out[..];
     let _ = write!(cur, ".sluice-{HIDDEN_PID:x}-{h:x}-{tag:x}.tmp\0");
+    CStr::from_bytes_until_nul(out).expect("a NUL ends the name")
 }
 
 /// Whether `name` has the shape of a new directory's name while it is
@@ -872,9 +873,9 @@ mod tests {
     fn hidden_dir_names_are_own_temporaries_and_stable() {
         let name_of = |dir, name: &[u8]| {
             let mut out = [0u8; 64];
-            super::hidden_dir_name(dir, name, &mut out);
-            let end = out.iter().position(|&b| b == 0).unwrap();
-            out[..end].to_vec()
+            super::hidden_dir_name(dir, name, &mut out)
+                .to_bytes()
+                .to_vec()
         };
         let a = name_of((8, 1, 42), b"photos");
         assert_eq!(a, name_of((8, 1, 42), b"photos"));
